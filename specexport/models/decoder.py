@@ -1,0 +1,166 @@
+"""A static-KV decoder for the llama / mistral / qwen2 / qwen3 families.
+
+Parameter names match transformers' state dicts, so checkpoints load with `load_state_dict(strict=True)`.
+The KV cache is not owned here: `forward` gets per-layer buffers and writes the new keys and values at
+`past_len + arange(T)` for every row, each row at its own position. Nothing is allocated per token
+beyond activations; rollback is the caller moving `past_len`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .rope import apply_rope, rope_tables
+
+
+@dataclass
+class KVCache:
+    """Per-layer static buffers. keys[i], values[i]: [max_batch, kv_heads, S, head_dim]."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, max_batch: int, seq_len: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> "KVCache":
+        shape = (max_batch, cfg.num_kv_heads, seq_len, cfg.head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)])
+
+    @property
+    def seq_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache):
+        # x: [B, T, hidden]; cos, sin: [B, 1, T, D]; write_idx: [B, kv_heads, T, D] long
+        # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D] (written in place)
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.h, self.d)
+        k = self.k_proj(x).view(B, T, self.hkv, self.d)
+        v = self.v_proj(x).view(B, T, self.hkv, self.d)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, kv_heads, T, D]
+        k_cache.scatter_(2, write_idx, k)
+        v_cache.scatter_(2, write_idx, v.transpose(1, 2))
+        L = mask.shape[-1]
+        out = F.scaled_dot_product_attention(q, k_cache[:, :, :L], v_cache[:, :, :L], attn_mask=mask,
+                                             enable_gqa=self.h != self.hkv)  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, write_idx, mask, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class StaticKVDecoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.max_positions = max_positions
+        self._set_rope(torch.float32)
+
+    def _set_rope(self, dtype: torch.dtype) -> None:
+        cos, sin = rope_tables(self.cfg, self.max_positions, dtype)
+        self.register_buffer("rope_cos", cos, persistent=False)  # [max_positions, D]
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, past_len: torch.Tensor, cache: KVCache, kv_len: int,
+                logits_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Run T tokens per row at positions past_len[b] + arange(T), writing their KV into `cache`.
+
+        tokens: [B, T] long; past_len: [B] long; rows 0..B-1 of the cache are used.
+        kv_len: how many cache positions attention reads (>= max(past_len) + T; the rest is masked anyway).
+        logits_index: [B] long, the one position per row whose logits are wanted, or None for all.
+        returns logits [B, T, V] (or [B, 1, V] with logits_index), in fp32.
+        """
+        B, T = tokens.shape
+        assert past_len.shape == (B,), f"past_len must be [B]={B}, got {tuple(past_len.shape)}"
+        S = cache.seq_len
+        assert kv_len <= S, f"kv_len {kv_len} exceeds the cache length {S}"
+        cfg = self.cfg
+        positions = past_len[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
+        rope_pos = positions.clamp(max=self.max_positions - 1)
+        cos = self.rope_cos[rope_pos].unsqueeze(1)  # [B, 1, T, D]
+        sin = self.rope_sin[rope_pos].unsqueeze(1)
+        # Rows padded past their end write garbage beyond their valid length; clamping keeps it in bounds.
+        write_idx = positions.clamp(max=S - 1)[:, None, :, None].expand(B, cfg.num_kv_heads, T, cfg.head_dim)
+        key_pos = torch.arange(kv_len, device=tokens.device)  # [L]
+        mask = key_pos <= positions[:, :, None]  # [B, T, L]
+        if cfg.sliding_window is not None:
+            mask &= key_pos > positions[:, :, None] - cfg.sliding_window
+        mask = mask[:, None]  # [B, 1, T, L]
+        x = self.model.embed_tokens(tokens)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, write_idx, mask, cache.keys[i][:B], cache.values[i][:B])
+        if logits_index is not None:
+            x = x[torch.arange(B, device=x.device), logits_index][:, None]  # [B, 1, hidden]
+        return self.lm_head(self.model.norm(x)).float()
