@@ -262,11 +262,12 @@ class SpeculativeDecoder:
                 chunk = torch.nn.functional.pad(chunk, (0, C - chunk.shape[1]))
             past = torch.full((B,), start, dtype=torch.long)
             last = torch.tensor([min(max(n - 1 - start, 0), C - 1) for n in lengths])
-            logits = self.target.forward(chunk, past, start + C, last)[:, 0]  # [B, V]
+            kv_len = min(start + C, self.config.cache_len)
+            logits = self.target.forward(chunk, past, kv_len, last)[:, 0]  # [B, V]
             ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
             if speculative:
-                self.drafter.prefill(chunk, past, start + C)
+                self.drafter.prefill(chunk, past, kv_len)
         current = pick(last_logits, uniforms(1)[:, 0])  # [B]
         prefill_s = time.perf_counter() - t0
         first = current.tolist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -48,6 +49,9 @@ def make_tiny(path: Path, family: str, seed: int = 0, logit_scale: float = 1.0, 
     model.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
+        cfg_path = Path(path) / "tokenizer_config.json"  # keep AutoTokenizer from picking the family's class
+        cfg = json.loads(cfg_path.read_text())
+        cfg_path.write_text(json.dumps({**cfg, "tokenizer_class": "PreTrainedTokenizerFast"}))
     return model
 
 

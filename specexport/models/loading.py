@@ -120,7 +120,11 @@ def _load_hf_dir(d: Path):
 def _maybe_tokenizer(d: Path):
     if not any((d / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    tc = d / "tokenizer_config.json"
+    cls = json.loads(tc.read_text()).get("tokenizer_class") if tc.exists() else None
+    if cls == "PreTrainedTokenizerFast":  # a plain tokenizer.json: load it as saved, not as the family's class
+        return PreTrainedTokenizerFast.from_pretrained(str(d))
     return AutoTokenizer.from_pretrained(str(d))
 
 
