@@ -65,8 +65,14 @@ class ModelDrafter:
         self.name = name
         self.target_vocab = target_vocab
 
+    def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        # A target with a larger padded vocabulary may (if untrained) emit a tail id the draft cannot embed;
+        # the draft then sees a stand-in, which only costs acceptance, never correctness.
+        vd = self.engine.vocab_size
+        return tokens.clamp(max=vd - 1) if vd < self.target_vocab else tokens
+
     def prefill(self, tokens, past_len, kv_len):
-        self.engine.forward(tokens, past_len, kv_len, torch.zeros_like(past_len))
+        self.engine.forward(self._inputs(tokens), past_len, kv_len, torch.zeros_like(past_len))
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 1, Vd] -> [B, 1, Vt]
         vd, vt = logits.shape[-1], self.target_vocab
@@ -83,7 +89,7 @@ class ModelDrafter:
         drafts, qs = [], []
         for i in range(k):
             last = torch.full((B,), tokens.shape[1] - 1, dtype=torch.long)
-            logits = self._to_target_vocab(self.engine.forward(tokens, pos, x.kv_len, last))  # [B, 1, V]
+            logits = self._to_target_vocab(self.engine.forward(self._inputs(tokens), pos, x.kv_len, last))  # [B,1,V]
             greedy_tok = logits[:, 0].argmax(-1)
             if x.all_greedy:
                 tok = greedy_tok

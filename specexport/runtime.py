@@ -252,17 +252,18 @@ class SpeculativeDecoder:
             probs = process_logits(logits[:, None], temperature, top_k, top_p)[:, 0]
             return torch.where(greedy, top, sample_from(probs, u))
 
-        # Prefill: both models see the prompts in fixed chunks of C; padding writes only beyond a row's end.
+        # Prefill: both models see the prompts in chunks of C (padded to C for fixed-shape engines; padding
+        # writes only beyond a row's end, where nothing reads it).
         t0 = time.perf_counter()
         C = self.config.prefill_chunk
         last_logits = torch.empty(B, self.target.vocab_size)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
             chunk = torch.from_numpy(history[:, start:start + C].copy())  # [B, <=C]
-            if chunk.shape[1] < C:
+            if chunk.shape[1] < C and self.target.fixed_shapes:
                 chunk = torch.nn.functional.pad(chunk, (0, C - chunk.shape[1]))
             past = torch.full((B,), start, dtype=torch.long)
-            last = torch.tensor([min(max(n - 1 - start, 0), C - 1) for n in lengths])
-            kv_len = min(start + C, self.config.cache_len)
+            last = torch.tensor([min(max(n - 1 - start, 0), chunk.shape[1] - 1) for n in lengths])
+            kv_len = min(start + chunk.shape[1], self.config.cache_len)
             logits = self.target.forward(chunk, past, kv_len, last)[:, 0]  # [B, V]
             ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
@@ -286,20 +287,25 @@ class SpeculativeDecoder:
             past_host = [n - 1 for n in lengths]  # == past_len, known on the host without a sync
             # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
             u = uniforms(2 * k + 1 if speculative else 1)  # [B, 2k+1]: draft | accept | next
-            draft_len = None
+            draft_len, longest = None, 0
             if speculative:
                 x = DraftInputs(torch.stack([prev, current], 1), past_len, max(past_host) + k + 1, history,
                                 lengths, greedy, temperature, top_k, top_p, all_greedy, u[:, :k])
                 draft, q, draft_len = self.drafter.propose(x, k)
+                longest = int(draft_len.max())
+                if not self.target.fixed_shapes and 0 < longest < k:  # eager: verify only what was proposed
+                    draft, q = draft[:, :longest], (q[:, :longest] if q is not None else None)
             t1 = time.perf_counter()
             # 2. Verify: one target pass over [current, d1..dk] -> n_accepted [B], next [B], committed [B, k+1].
-            if draft_len is not None and bool(draft_len.any()):
+            if draft_len is not None and longest > 0:
+                kd = draft.shape[1]
                 logits = self.target.forward(torch.cat([current[:, None], draft], 1), past_len,
-                                             max(past_host) + k + 1)  # [B, k+1, V]
+                                             max(past_host) + kd + 1)  # [B, kd+1, V]
                 n_acc, nxt, committed = verify_greedy(logits, draft, draft_len)
                 if not all_greedy:
-                    p = process_logits(logits, temperature, top_k, top_p)  # [B, k+1, V]
-                    s_acc, s_next, s_committed = verify_sampling(p, q, draft, draft_len, u[:, k:2 * k], u[:, 2 * k])
+                    p = process_logits(logits, temperature, top_k, top_p)  # [B, kd+1, V]
+                    s_acc, s_next, s_committed = verify_sampling(p, q, draft, draft_len.clamp(max=kd),
+                                                                 u[:, k:k + kd], u[:, 2 * k])
                     n_acc = torch.where(greedy, n_acc, s_acc)
                     nxt = torch.where(greedy, nxt, s_next)
                     committed = torch.where(greedy[:, None], committed, s_committed)

@@ -16,6 +16,7 @@ from ..models import LoadedModel, ModelConfig
 class Engine(Protocol):
     config: ModelConfig
     vocab_size: int
+    fixed_shapes: bool  # True: prefill chunks must be exactly C tokens (exported graphs); False: eager torch
 
     def forward(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int,
                 logits_index: torch.Tensor | None = None) -> torch.Tensor:

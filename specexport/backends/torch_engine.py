@@ -8,6 +8,8 @@ from ..models import KVCache, LoadedModel
 
 
 class TorchEngine:
+    fixed_shapes = False  # eager: the last prefill chunk runs unpadded
+
     def __init__(self, loaded: LoadedModel, max_batch: int, cache_len: int):
         self.model = loaded.model
         self.config = loaded.config

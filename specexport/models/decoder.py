@@ -66,13 +66,22 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
+    def fuse(self) -> None:
+        """One [q; k; v] projection instead of three: fewer, larger matmuls on the per-token path."""
+        self.qkv_proj = _concat_linears([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+
     def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache):
         # x: [B, T, hidden]; cos, sin: [B, 1, T, D]; write_idx: [B, kv_heads, T, D] long
         # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D] (written in place)
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.h, self.d)
-        k = self.k_proj(x).view(B, T, self.hkv, self.d)
-        v = self.v_proj(x).view(B, T, self.hkv, self.d)
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.h, self.d)
+        k = k.view(B, T, self.hkv, self.d)
+        v = v.view(B, T, self.hkv, self.d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
@@ -92,8 +101,25 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
+    def fuse(self) -> None:
+        self.gate_up_proj = _concat_linears([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _concat_linears(parts: list[nn.Linear]) -> nn.Linear:
+    w = torch.cat([p.weight for p in parts])
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=parts[0].bias is not None, dtype=w.dtype, device=w.device)
+    fused.weight = nn.Parameter(w, requires_grad=False)
+    if parts[0].bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return fused
 
 
 class Block(nn.Module):
@@ -127,6 +153,13 @@ class StaticKVDecoder(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.max_positions = max_positions
         self._set_rope(torch.float32)
+
+    def fuse(self) -> "StaticKVDecoder":
+        """After loading weights: fuse q/k/v and gate/up projections (state-dict names no longer apply)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     def _set_rope(self, dtype: torch.dtype) -> None:
         cos, sin = rope_tables(self.cfg, self.max_positions, dtype)

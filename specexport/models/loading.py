@@ -89,7 +89,7 @@ def load_model(path: str | os.PathLike | None, dtype: str = "fp32", max_position
     if missing or unexpected:
         raise SpecExportError(f"{src}: checkpoint does not match its config ({len(missing)} missing, e.g. "
                               f"{missing[:2]}; {len(unexpected)} unexpected, e.g. {unexpected[:2]})")
-    model = model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False)
+    model = model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False).fuse()
     model._set_rope(getattr(torch, DTYPES[dtype]))
     return LoadedModel(model, cfg, tokenizer, src)
 

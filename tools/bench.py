@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""Side-by-side tokens/s on SmolLM2-135M: transformers generate (plain, prompt lookup) vs specexport
+(target-only, speculative with prompt lookup). All modes run in one process, alternating per prompt,
+warm-up excluded. Greedy, chat template, the prompts of ../shared/bench/prompts.jsonl.
+
+    python tools/bench.py --per-category 1 --max-new-tokens 128 --dtype fp32 --out bench-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specexport import SpeculativeDecoder  # noqa: E402
+from specexport.config import DTYPES  # noqa: E402
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", default=str(ROOT.parent / "shared" / "bench" / "prompts.jsonl"))
+    ap.add_argument("--per-category", type=int, default=0, help="first N prompts of each category (0: all)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--out", default="bench-results")
+    a = ap.parse_args()
+
+    rows = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line.strip()]
+    if a.per_category:
+        seen = defaultdict(int)
+        rows = [r for r in rows if (seen.__setitem__(r["category"], seen[r["category"]] + 1)
+                                    or seen[r["category"]] <= a.per_category)]
+    dec = SpeculativeDecoder.from_pretrained(None, "prompt-lookup", k=a.k, max_seq_len=1024, max_batch=1,
+                                             dtype=a.dtype)
+    from transformers import AutoModelForCausalLM
+    src = Path(dec.target_model.source)
+    hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
+                                              dtype=getattr(torch, DTYPES[a.dtype])).eval()
+
+    def hf_run(ids, **kw):
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=a.max_new_tokens,
+                              do_sample=False, **kw)
+        return out[0, len(ids):].tolist(), None
+
+    def se_run(ids, speculative):
+        o = dec.generate(ids, max_new_tokens=a.max_new_tokens, speculative=speculative)[0]
+        return o.token_ids, o.stats
+
+    modes = {
+        "hf_generate": lambda ids: hf_run(ids),
+        "hf_prompt_lookup": lambda ids: hf_run(ids, prompt_lookup_num_tokens=a.k),
+        "se_target_only": lambda ids: se_run(ids, False),
+        "se_prompt_lookup": lambda ids: se_run(ids, True),
+    }
+    warm = dec.encode("Say hello.", chat=True)
+    for fn in modes.values():  # warm-up, excluded
+        fn(warm)
+
+    results = []
+    for r in rows:
+        ids = dec.encode(r["prompt"], chat=True)
+        rec = {"id": r["id"], "category": r["category"], "prompt_tokens": len(ids)}
+        outs = {}
+        for name, fn in modes.items():  # alternating: every mode runs on this prompt before the next prompt
+            t0 = time.perf_counter()
+            toks, st = fn(ids)
+            dt = time.perf_counter() - t0
+            outs[name] = toks
+            rec[name] = {"tokens": len(toks), "seconds": dt, "tokens_per_s": len(toks) / dt}
+            if st is not None and st.drafted:
+                rec[name].update(acceptance_rate=st.acceptance_rate, mean_committed_per_step=st.mean_committed_per_step,
+                                 accept_hist=st.accept_hist, host_share=st.host_s / max(st.decode_s, 1e-9))
+        ref = outs["hf_generate"]
+        rec["identical_to_hf_generate"] = {n: o == ref for n, o in outs.items()}
+        results.append(rec)
+        print(json.dumps({k: (v if not isinstance(v, dict) else {kk: (round(vv, 3) if isinstance(vv, float) else vv)
+                                                                  for kk, vv in v.items()}) for k, v in rec.items()}),
+              flush=True)
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"bench-{a.dtype}.json").write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
+    cats = sorted({r["category"] for r in results})
+    lines = [f"SmolLM2-135M-Instruct, {a.dtype}, greedy, chat template, max_new_tokens={a.max_new_tokens}, k={a.k}, "
+             f"{len(results)} prompts, batch 1, {torch.get_num_threads()} threads",
+             "", "| category | " + " | ".join(f"{m} tok/s" for m in modes) + " | se_target_only / hf_generate "
+             "| se_prompt_lookup / se_target_only | se_prompt_lookup / hf_prompt_lookup | acceptance | tokens/step |",
+             "|" + "---|" * (len(modes) + 6)]
+    for c in cats + ["geomean (all)"]:
+        sel = results if c.startswith("geomean") else [r for r in results if r["category"] == c]
+        tps = {m: geomean([r[m]["tokens_per_s"] for r in sel]) for m in modes}
+        acc = [r["se_prompt_lookup"].get("acceptance_rate", 0) for r in sel]
+        cps = [r["se_prompt_lookup"].get("mean_committed_per_step", 1) for r in sel]
+        lines.append(f"| {c} | " + " | ".join(f"{tps[m]:.1f}" for m in modes)
+                     + f" | {tps['se_target_only'] / tps['hf_generate']:.2f}x"
+                     + f" | {tps['se_prompt_lookup'] / tps['se_target_only']:.2f}x"
+                     + f" | {tps['se_prompt_lookup'] / tps['hf_prompt_lookup']:.2f}x"
+                     + f" | {statistics.mean(acc):.2f} | {statistics.mean(cps):.2f} |")
+    same = all(all(r["identical_to_hf_generate"].values()) for r in results)
+    lines += ["", f"All modes produced tokens identical to transformers generate: {same}"]
+    (out / f"bench-{a.dtype}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
