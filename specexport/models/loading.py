@@ -226,7 +226,9 @@ def _load_gguf(path: str):
             elif name.endswith("k_proj.weight"):
                 w = _unpermute(w, cfg.num_kv_heads)
         state[name] = torch.from_numpy(np.ascontiguousarray(w))
-    from transformers import AutoTokenizer
-    p = Path(path)
-    tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    tokenizer = None
+    if "tokenizer.ggml.tokens" in reader.fields:
+        from transformers import AutoTokenizer
+        p = Path(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     return cfg, state, tokenizer
