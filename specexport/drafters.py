@@ -1,6 +1,6 @@
 """Drafters: one narrow protocol and one flat factory.
 
-A drafter proposes k tokens per row after the current token (see verify.py for the words). It returns
+A drafter proposes k tokens per row after the current token (see verify.py for the words) as a Proposal:
   draft     [B, k] long   proposed tokens (padding where it has nothing to say)
   q         [B, k, V]     processed draft probabilities, or None for one-hot drafters (prompt lookup)
   draft_len [B] long      how many of the k are real proposals; padding is never accepted
@@ -39,6 +39,14 @@ class DraftInputs:
     u_draft: torch.Tensor  # [B, k] uniforms for sampling the drafts
 
 
+@dataclass
+class Proposal:
+    draft: torch.Tensor  # [B, k] long
+    q: torch.Tensor | None  # [B, k, V] processed draft probs; None: one-hot at `draft`
+    draft_len: torch.Tensor  # [B] long: real proposals per row; the rest is padding
+    longest: int  # max(draft_len), known on the host without a device sync
+
+
 class Drafter(Protocol):
     name: str
     one_hot: bool  # True: q is None
@@ -46,8 +54,8 @@ class Drafter(Protocol):
     def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int) -> None:
         """See prompt chunks as the target does ([B, C] at positions past_len + arange(C))."""
 
-    def propose(self, x: DraftInputs, k: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """returns draft [B, k], q [B, k, V] or None, draft_len [B]."""
+    def propose(self, x: DraftInputs, k: int) -> Proposal:
+        """k tokens per row after the current token."""
 
 
 class ModelDrafter:
@@ -102,7 +110,7 @@ class ModelDrafter:
             tokens = tok[:, None]
         draft = torch.stack(drafts, 1)  # [B, k]
         q = torch.stack(qs, 1) if qs else None  # [B, k, V]
-        return draft, q, torch.full((B,), k, dtype=torch.long)
+        return Proposal(draft, q, torch.full((B,), k, dtype=torch.long), k)
 
 
 class PromptLookupDrafter:
@@ -139,7 +147,7 @@ class PromptLookupDrafter:
             found = self.lookup(x.history[b, :x.lengths[b]], k)
             draft[b, :len(found)] = found
             draft_len[b] = len(found)
-        return torch.from_numpy(draft), None, torch.from_numpy(draft_len)
+        return Proposal(torch.from_numpy(draft), None, torch.from_numpy(draft_len), int(draft_len.max()))
 
 
 def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:

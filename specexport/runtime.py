@@ -291,8 +291,8 @@ class SpeculativeDecoder:
             if speculative:
                 x = DraftInputs(torch.stack([prev, current], 1), past_len, max(past_host) + k + 1, history,
                                 lengths, greedy, temperature, top_k, top_p, all_greedy, u[:, :k])
-                draft, q, draft_len = self.drafter.propose(x, k)
-                longest = int(draft_len.max())
+                prop = self.drafter.propose(x, k)
+                draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
                 if not self.target.fixed_shapes and 0 < longest < k:  # eager: verify only what was proposed
                     draft, q = draft[:, :longest], (q[:, :longest] if q is not None else None)
             t1 = time.perf_counter()
@@ -317,17 +317,17 @@ class SpeculativeDecoder:
                 draft = None
             t2 = time.perf_counter()
             # 3. Commit: the one host sync per step.
-            rows = committed.tolist()
-            dlen = draft_len.tolist() if draft is not None else [0] * B
+            drafted = draft_len if draft is not None else torch.zeros(B, dtype=torch.long)
+            rows = torch.cat([drafted[:, None], committed], 1).tolist()  # [B, 1 + kd+1]: drafted | committed
             events = []
             for b, r in enumerate(reqs):
                 if not active[b]:
                     continue
-                toks = [t for t in rows[b] if t >= 0]
+                toks = [t for t in rows[b][1:] if t >= 0]
                 n = len(toks) - 1
                 st = r.stats
                 st.steps += 1
-                st.drafted += dlen[b]
+                st.drafted += rows[b][0]
                 st.accepted += n
                 st.accept_hist[n] += 1
                 taken = r.commit(toks)
