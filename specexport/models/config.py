@@ -45,10 +45,8 @@ class ModelConfig:
         scaling = None if rope_type == "default" else {**rope, "rope_type": rope_type}
         attn_bias = bool(d.get("attention_bias", False))
         window = d.get("sliding_window")
-        if mt == "qwen2" and not d.get("use_sliding_window", False):
-            window = None
-        if mt == "qwen3" and not d.get("use_sliding_window", False):
-            window = None
+        if mt in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+            window = None  # qwen configs carry a sliding_window that is off unless use_sliding_window
         eos = _ids(d.get("eos_token_id")) + _ids((generation_config or {}).get("eos_token_id"))
         return cls(
             model_type=mt,

@@ -132,10 +132,7 @@ def _maybe_tokenizer(d: Path):
 
 def _field(reader, key, default=None):
     f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
+    return default if f is None else f.contents()
 
 
 def _gguf_config(reader) -> ModelConfig:
