@@ -63,36 +63,31 @@ def cmd_generate(a) -> int:
     kw = dict(max_new_tokens=a.max_new_tokens, sampling=sp, chat=a.chat)
     if a.compare:  # warm-up, excluded from the figures
         dec.generate(a.prompt, **{**kw, "max_new_tokens": min(8, a.max_new_tokens)})
+    ids, text, stats = [], "", None
     if a.stream and not a.json:
-        stats = None
         for ev in dec.stream(a.prompt, **kw):
             print(ev.text, end="", flush=True)
-            stats = ev.stats or stats
+            ids, text, stats = ids + ev.token_ids, text + ev.text, ev.stats or stats
         print(flush=True)
-        ids = None
     else:
         out = dec.generate(a.prompt, **kw)[0]
-        stats, ids = out.stats, out.token_ids
+        ids, text, stats = out.token_ids, out.text, out.stats
         if not a.json:
-            print(out.text)
-    result = {"text": None, "stats": stats.as_dict(), "load_s": load_s}
-    if a.compare:
-        spec_ids = ids or dec.generate(a.prompt, **kw)[0].token_ids
+            print(text)
+    result = {"text": text, "token_ids": ids, "stats": stats.as_dict(), "load_s": load_s}
+    if a.compare:  # target-only on the same prompt, right after the speculative run
         base = dec.generate(a.prompt, speculative=False, **kw)[0]
-        spec = dec.generate(a.prompt, **kw)[0]  # again, right after the baseline, for a side-by-side figure
-        speedup = spec.stats.tokens_per_s / base.stats.tokens_per_s
-        result.update(target_only_tokens_per_s=base.stats.tokens_per_s, speculative_tokens_per_s=spec.stats.tokens_per_s,
-                      speedup=speedup, identical_to_target_only=spec_ids == base.token_ids if sp.greedy else None)
+        result.update(target_only_tokens_per_s=base.stats.tokens_per_s, speculative_tokens_per_s=stats.tokens_per_s,
+                      speedup=stats.tokens_per_s / base.stats.tokens_per_s,
+                      identical_to_target_only=ids == base.token_ids if sp.greedy else None)
     if a.json:
-        out = dec.generate(a.prompt, **kw)[0] if ids is None else out
-        result.update(text=out.text, token_ids=out.token_ids)
         print(json.dumps(result, indent=2))
         return 0
     print(f"[{_stats_line(stats)}]", file=sys.stderr)
     if a.compare:
         same = {True: "identical", False: "DIFFERENT", None: "sampled"}[result["identical_to_target_only"]]
         print(f"[speculative {result['speculative_tokens_per_s']:.1f} tok/s vs target-only "
-              f"{result['target_only_tokens_per_s']:.1f} tok/s: {speedup:.2f}x speedup; tokens {same}]",
+              f"{result['target_only_tokens_per_s']:.1f} tok/s: {result['speedup']:.2f}x speedup; tokens {same}]",
               file=sys.stderr)
     return 0
 

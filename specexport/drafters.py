@@ -49,7 +49,6 @@ class Proposal:
 
 class Drafter(Protocol):
     name: str
-    one_hot: bool  # True: q is None
 
     def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int) -> None:
         """See prompt chunks as the target does ([B, C] at positions past_len + arange(C))."""
@@ -65,8 +64,6 @@ class ModelDrafter:
     (positions past_len-1, past_len): that fills the one position it may not have seen (the last
     accepted draft when all k were accepted) and rewrites the other with identical keys and values.
     """
-
-    one_hot = False
 
     def __init__(self, engine, target_vocab: int, name: str):
         self.engine = engine
@@ -94,9 +91,9 @@ class ModelDrafter:
         B = x.last_two.shape[0]
         tokens = x.last_two  # [B, 2] at positions past_len-1, past_len
         pos = x.past_len - 1
+        last = torch.ones(B, dtype=torch.long)  # first step: logits of the second of the two re-read tokens
         drafts, qs = [], []
         for i in range(k):
-            last = torch.full((B,), tokens.shape[1] - 1, dtype=torch.long)
             logits = self._to_target_vocab(self.engine.forward(self._inputs(tokens), pos, x.kv_len, last))  # [B,1,V]
             greedy_tok = logits[:, 0].argmax(-1)
             if x.all_greedy:
@@ -107,7 +104,7 @@ class ModelDrafter:
                 qs.append(q)
             drafts.append(tok)
             pos = pos + tokens.shape[1]
-            tokens = tok[:, None]
+            tokens, last = tok[:, None], None
         draft = torch.stack(drafts, 1)  # [B, k]
         q = torch.stack(qs, 1) if qs else None  # [B, k, V]
         return Proposal(draft, q, torch.full((B,), k, dtype=torch.long), k)
@@ -117,8 +114,6 @@ class PromptLookupDrafter:
     """N-gram drafts: find an earlier occurrence of the last n tokens (n from ngram_max down to ngram_min)
     in the prompt and generated text, and propose up to k tokens that followed it (the latest occurrence
     with k followers, else the earliest, which has the most). One-hot q."""
-
-    one_hot = True
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 3):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max

@@ -232,7 +232,7 @@ class SpeculativeDecoder:
         speculative = speculative and self.drafter is not None
         gens = [torch.Generator().manual_seed(r.sampling.seed) for r in reqs]
         greedy = torch.tensor([r.sampling.greedy for r in reqs])  # [B] bool
-        all_greedy = bool(greedy.all())
+        all_greedy, any_greedy = bool(greedy.all()), bool(greedy.any())
         temperature = torch.tensor([r.sampling.temperature if not r.sampling.greedy else 1.0 for r in reqs])  # [B]
         top_k = torch.tensor([r.sampling.top_k for r in reqs], dtype=torch.long)  # [B]
         top_p = torch.tensor([r.sampling.top_p for r in reqs])  # [B]
@@ -243,6 +243,8 @@ class SpeculativeDecoder:
             r.stats = GenerationStats(k=k if speculative else 0, prompt_tokens=lengths[b], accept_hist=[0] * (k + 1))
 
         def uniforms(n: int) -> torch.Tensor:  # [B, n], each row from its own seeded stream
+            if all_greedy:  # greedy reads no randomness
+                return torch.zeros(B, n)
             return torch.stack([torch.rand(n, generator=g) for g in gens])
 
         def pick(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, V], [B] -> [B]
@@ -301,14 +303,17 @@ class SpeculativeDecoder:
                 kd = draft.shape[1]
                 logits = self.target.forward(torch.cat([current[:, None], draft], 1), past_len,
                                              max(past_host) + kd + 1)  # [B, kd+1, V]
-                n_acc, nxt, committed = verify_greedy(logits, draft, draft_len)
-                if not all_greedy:
+                if all_greedy:
+                    n_acc, nxt, committed = verify_greedy(logits, draft, draft_len)
+                else:
                     p = process_logits(logits, temperature, top_k, top_p)  # [B, kd+1, V]
-                    s_acc, s_next, s_committed = verify_sampling(p, q, draft, draft_len.clamp(max=kd),
-                                                                 u[:, k:k + kd], u[:, 2 * k])
-                    n_acc = torch.where(greedy, n_acc, s_acc)
-                    nxt = torch.where(greedy, nxt, s_next)
-                    committed = torch.where(greedy[:, None], committed, s_committed)
+                    n_acc, nxt, committed = verify_sampling(p, q, draft, draft_len.clamp(max=kd),
+                                                            u[:, k:k + kd], u[:, 2 * k])
+                    if any_greedy:  # mixed batch: greedy rows take the greedy rule
+                        g_acc, g_next, g_committed = verify_greedy(logits, draft, draft_len)
+                        n_acc = torch.where(greedy, g_acc, n_acc)
+                        nxt = torch.where(greedy, g_next, nxt)
+                        committed = torch.where(greedy[:, None], g_committed, committed)
             else:  # target-only step (or no row had a proposal)
                 logits = self.target.forward(current[:, None], past_len, max(past_host) + 1)  # [B, 1, V]
                 nxt = pick(logits[:, 0], u[:, -1])

@@ -24,11 +24,3 @@ class TorchEngine:
                 logits_index: torch.Tensor | None = None) -> torch.Tensor:
         assert tokens.shape[0] <= self.max_batch, f"batch {tokens.shape[0]} > max_batch {self.max_batch}"
         return self.model(tokens, past_len, self.cache, kv_len, logits_index)
-
-    def weight_bytes(self) -> int:
-        seen, total = set(), 0
-        for p in self.model.parameters():
-            if p.data_ptr() not in seen:
-                seen.add(p.data_ptr())
-                total += p.numel() * p.element_size()
-        return total

@@ -1,6 +1,7 @@
 """A static-KV decoder for the llama / mistral / qwen2 / qwen3 families.
 
-Parameter names match transformers' state dicts, so checkpoints load with `load_state_dict(strict=True)`.
+Parameter names match transformers' state dicts, so checkpoints load with a strict `load_state_dict`;
+`fuse()` then merges q/k/v and gate/up into single projections (loaders always call it; forward needs it).
 The KV cache is not owned here: `forward` gets per-layer buffers and writes the new keys and values at
 `past_len + arange(T)` for every row, each row at its own position. Nothing is allocated per token
 beyond activations; rollback is the caller moving `past_len`.
@@ -75,10 +76,7 @@ class Attention(nn.Module):
         # x: [B, T, hidden]; cos, sin: [B, 1, T, D]; write_idx: [B, kv_heads, T, D] long
         # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D] (written in place)
         B, T, _ = x.shape
-        if hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q = q.view(B, T, self.h, self.d)
         k = k.view(B, T, self.hkv, self.d)
         v = v.view(B, T, self.hkv, self.d)
@@ -106,10 +104,7 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x):
-        if hasattr(self, "gate_up_proj"):
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
