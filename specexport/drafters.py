@@ -19,7 +19,7 @@ import torch
 from .config import PROMPT_LOOKUP, DecoderConfig
 from .errors import SpecExportError
 from .models import LoadedModel, load_model, read_config, resolve_path
-from .verify import process_logits, sample_from
+from .steps import SamplingRows
 
 
 @dataclass
@@ -31,11 +31,7 @@ class DraftInputs:
     kv_len: int  # max(past_len) + k + 1 on the host
     history: np.ndarray  # [B, max_seq_len] int64: committed tokens, current included
     lengths: list[int]  # valid length of each history row
-    greedy: torch.Tensor  # [B] bool
-    temperature: torch.Tensor  # [B]
-    top_k: torch.Tensor  # [B]
-    top_p: torch.Tensor  # [B]
-    all_greedy: bool
+    sampling: SamplingRows | None  # None: every row greedy
     u_draft: torch.Tensor  # [B, k] uniforms for sampling the drafts
 
 
@@ -58,55 +54,23 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A smaller model with the target's vocabulary, over its own static KV buffers.
+    """A smaller model with the target's vocabulary, over its own static KV buffers (an Engine).
 
-    Its cache mirrors the target's positions. Each step it re-reads the last two committed tokens
-    (positions past_len-1, past_len): that fills the one position it may not have seen (the last
-    accepted draft when all k were accepted) and rewrites the other with identical keys and values.
+    Its cache mirrors the target's positions. Each step its fused draft graph re-reads the last two
+    committed tokens (positions past_len-1, past_len): that fills the one position it may not have seen
+    (the last accepted draft when all k were accepted) and rewrites the other with identical keys and values.
     """
 
-    def __init__(self, engine, target_vocab: int, name: str):
+    def __init__(self, engine, name: str):
         self.engine = engine
         self.name = name
-        self.target_vocab = target_vocab
-
-    def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
-        # A target with a larger padded vocabulary may (if untrained) emit a tail id the draft cannot embed;
-        # the draft then sees a stand-in, which only costs acceptance, never correctness.
-        vd = self.engine.vocab_size
-        return tokens.clamp(max=vd - 1) if vd < self.target_vocab else tokens
 
     def prefill(self, tokens, past_len, kv_len):
-        self.engine.forward(self._inputs(tokens), past_len, kv_len, torch.zeros_like(past_len))
-
-    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 1, Vd] -> [B, 1, Vt]
-        vd, vt = logits.shape[-1], self.target_vocab
-        if vd > vt:  # padded tail beyond the target's vocabulary: never propose it
-            return logits[..., :vt]
-        if vd < vt:
-            return torch.nn.functional.pad(logits, (0, vt - vd), value=float("-inf"))
-        return logits
+        self.engine.prefill(tokens, past_len, torch.zeros_like(past_len), kv_len)
 
     def propose(self, x: DraftInputs, k: int):
         B = x.last_two.shape[0]
-        tokens = x.last_two  # [B, 2] at positions past_len-1, past_len
-        pos = x.past_len - 1
-        last = torch.ones(B, dtype=torch.long)  # first step: logits of the second of the two re-read tokens
-        drafts, qs = [], []
-        for i in range(k):
-            logits = self._to_target_vocab(self.engine.forward(self._inputs(tokens), pos, x.kv_len, last))  # [B,1,V]
-            greedy_tok = logits[:, 0].argmax(-1)
-            if x.all_greedy:
-                tok = greedy_tok
-            else:
-                q = process_logits(logits, x.temperature, x.top_k, x.top_p)[:, 0]  # [B, V]
-                tok = torch.where(x.greedy, greedy_tok, sample_from(q, x.u_draft[:, i]))
-                qs.append(q)
-            drafts.append(tok)
-            pos = pos + tokens.shape[1]
-            tokens, last = tok[:, None], None
-        draft = torch.stack(drafts, 1)  # [B, k]
-        q = torch.stack(qs, 1) if qs else None  # [B, k, V]
+        draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft)
         return Proposal(draft, q, torch.full((B,), k, dtype=torch.long), k)
 
 
@@ -166,9 +130,16 @@ def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
 
 
 def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make_engine) -> Drafter:
-    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; else a model path."""
+    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; else a model path.
+    make_engine(loaded) builds the draft's engine."""
     if spec is None or spec == PROMPT_LOOKUP:
         return PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max)
+    loaded = load_draft(spec, target, cfg)
+    return ModelDrafter(make_engine(loaded), name=loaded.source)
+
+
+def load_draft(spec: str, target: LoadedModel, cfg: DecoderConfig) -> LoadedModel:
+    """Load a draft model and check that it fits the target (before any heavy work on it)."""
     if str(spec).startswith("quant:"):
         raise SpecExportError(f"draft {spec!r}: quantized-copy drafts are not built yet in this version; "
                               f"use draft='{PROMPT_LOOKUP}' or a draft model path")
@@ -176,4 +147,4 @@ def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make
     read_config(path)  # unsupported architectures fail here, before the weights load
     loaded = load_model(path, cfg.dtype, cfg.cache_len, role="draft")
     check_vocab(target, loaded)
-    return ModelDrafter(make_engine(loaded), target.config.vocab_size, name=path)
+    return loaded

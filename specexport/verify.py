@@ -23,16 +23,19 @@ import torch
 
 
 def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor, filter: bool | None = None) -> torch.Tensor:
     """Temperature, then top-k, then top-p (the order transformers uses); returns probabilities.
 
     logits: [B, T, V] float; temperature: [B] float (> 0 here; greedy rows are handled by the callers);
     top_k: [B] long (0 = off); top_p: [B] float in (0, 1] (1 = off). returns probs [B, T, V] fp32.
+    filter: None skips the top-k/top-p sort when no row asks for it (eager); True always runs it (traced graphs).
     """
     B, T, V = logits.shape
     assert temperature.shape == top_k.shape == top_p.shape == (B,)
     x = logits.float() / temperature.clamp_min(1e-6)[:, None, None]
-    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
+    if filter is None:
+        filter = bool((top_k > 0).any()) or bool((top_p < 1.0).any())
+    if filter:
         sorted_x, _ = x.sort(dim=-1, descending=True)  # [B, T, V]
         # top-k: keep logits >= the k-th largest (ties kept, as transformers does)
         kk = torch.where(top_k > 0, top_k, torch.full_like(top_k, V)).clamp(max=V)
@@ -42,8 +45,7 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         # top-p: keep the smallest head of the sorted distribution whose mass reaches top_p
         sorted_p = sorted_x.softmax(-1)
         mass_before = sorted_p.cumsum(-1) - sorted_p  # [B, T, V]
-        keep_sorted = mass_before < top_p[:, None, None]
-        keep_sorted[..., 0] = True
+        keep_sorted = (mass_before < top_p[:, None, None]) | (torch.arange(V, device=x.device) == 0)
         # the smallest kept logit is the threshold (ties with it are kept too)
         n_keep = keep_sorted.sum(-1, keepdim=True)  # [B, T, 1]
         threshold = sorted_x.gather(-1, n_keep - 1)
@@ -71,7 +73,7 @@ def verify_greedy(p_logits: torch.Tensor, draft: torch.Tensor, draft_len: torch.
     target = p_logits.argmax(-1)  # [B, k+1]
     valid = torch.arange(k, device=draft.device)[None] < draft_len[:, None]  # [B, k]
     match = (target[:, :k] == draft) & valid
-    n_accepted = match.long().cumprod(-1).sum(-1)  # [B]
+    n_accepted = _leading_true(match)  # [B]
     next_token = target.gather(1, n_accepted[:, None])[:, 0]
     return n_accepted, next_token, _committed(draft, n_accepted, next_token)
 
@@ -98,7 +100,7 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor
     q_full = q_full * valid[..., None]
     q_draft = q_full.gather(-1, draft[..., None])[..., 0]  # [B, k]: q(d_i), 0 on padding
     accept = (u_accept * q_draft < p_draft) & valid  # u < p/q without dividing
-    n_accepted = accept.long().cumprod(-1).sum(-1)  # [B]
+    n_accepted = _leading_true(accept)  # [B]
     # residual at the first rejection; at n == k q is zero (bonus), so residual = p
     q_pad = torch.cat([q_full, torch.zeros_like(p[:, :1])], dim=1)  # [B, k+1, V]
     idx = n_accepted[:, None, None].expand(B, 1, V)
@@ -109,6 +111,11 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor
     residual = torch.where(empty, p_n, residual)
     next_token = sample_from(residual, u_next)
     return n_accepted, next_token, _committed(draft, n_accepted, next_token)
+
+
+def _leading_true(x: torch.Tensor) -> torch.Tensor:
+    """[B, k] bool -> [B] long: how many leading entries are True (cumsum form: ONNX has no CumProd)."""
+    return ((~x).long().cumsum(-1) == 0).long().sum(-1)
 
 
 def _committed(draft: torch.Tensor, n_accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ def hf_outputs(dec):
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM
-    src = Path(dec.target_model.source)
+    src = Path(dec.source)
     hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32).eval()
     outs = []
     for p in PROMPTS:
@@ -37,9 +37,9 @@ def hf_outputs(dec):
 
 
 def test_default_model_is_smollm2_with_prompt_lookup(dec):
-    assert dec.target_model.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert dec.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert dec.drafter.name == "prompt-lookup"
-    assert dec.target_model.config.eos_token_ids == (2,)
+    assert dec.eos_token_ids == {2}
 
 
 def test_greedy_speculative_equals_transformers(dec, hf_outputs):

@@ -48,7 +48,7 @@ def main():
     dec = SpeculativeDecoder.from_pretrained(None, "prompt-lookup", k=a.k, max_seq_len=1024, max_batch=1,
                                              dtype=a.dtype)
     from transformers import AutoModelForCausalLM
-    src = Path(dec.target_model.source)
+    src = Path(dec.source)
     hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
                                               dtype=getattr(torch, DTYPES[a.dtype])).eval()
 

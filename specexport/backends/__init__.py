@@ -1,7 +1,8 @@
-"""Engines: one model's fixed-shape forward over its own static KV buffers.
+"""Engines: one model's compiled steps (steps.py) over its own static KV buffers.
 
-The runtime only ever talks to this protocol, so the torch, onnxruntime and tensorrt engines are
-interchangeable. Rows 0..B-1 of the engine's cache are used by a call with batch B.
+The runtime only talks to this protocol, so the torch, TorchScript and onnxruntime engines are
+interchangeable. A call with batch B uses rows 0..B-1 of the engine's caches. Outputs of fixed-shape
+engines may be views of the engine's own buffers: read them before the next call of the same step.
 """
 
 from __future__ import annotations
@@ -10,22 +11,27 @@ from typing import Protocol
 
 import torch
 
-from ..models import LoadedModel, ModelConfig
+from ..models import ModelConfig
+from ..steps import SamplingRows
 
 
 class Engine(Protocol):
     config: ModelConfig
-    vocab_size: int
-    fixed_shapes: bool  # True: prefill chunks must be exactly C tokens (exported graphs); False: eager torch
+    vocab_size: int  # the model's own logits width
+    fixed_shapes: bool  # True: prefill chunks are exactly C tokens and k is one of `ks` (compiled graphs)
+    ks: tuple[int, ...] | None  # the k values with draft/verify graphs (None: any k, eager)
 
-    def forward(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int,
-                logits_index: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, T] at positions past_len[b] + arange(T) -> logits [B, T, V] fp32 ([B, 1, V] with
-        logits_index [B]). Writes the new KV in place; kv_len bounds the attended cache prefix."""
+    def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, last_index: torch.Tensor,
+                kv_len: int) -> torch.Tensor:
+        """tokens [B, C] at positions past_len + arange(C) -> logits [B, V] at last_index [B]."""
+
+    def draft(self, last_two: torch.Tensor, past_len: torch.Tensor, kv_len: int, k: int,
+              sampling: SamplingRows | None, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """last_two [B, 2] (previous, current) -> draft [B, k] and q [B, k, V] (None when sampling is None)."""
+
+    def verify(self, tokens: torch.Tensor, draft_len: torch.Tensor, past_len: torch.Tensor, kv_len: int, k: int,
+               sampling: SamplingRows | None, u: torch.Tensor, q: torch.Tensor | None):
+        """tokens [B, k+1] = [current, draft] -> n_accepted [B], next [B], committed [B, k+1] (-1 padded).
+        sampling None: all rows greedy. q None with sampling: one-hot drafts. u: [B, k+1]."""
 
 
-def make_engine(loaded: LoadedModel, backend: str, max_batch: int, cache_len: int) -> Engine:
-    if backend == "torch":
-        from .torch_engine import TorchEngine
-        return TorchEngine(loaded, max_batch, cache_len)
-    raise ValueError(f"unknown backend {backend!r}")  # DecoderConfig validates user input before this

@@ -1,26 +1,85 @@
-"""The torch backend: eager PyTorch over preallocated KV buffers (the reference the others are tested against)."""
+"""The torch backend: the step modules run eagerly over preallocated KV buffers (the reference the others
+are tested against), or the same steps loaded from TorchScript (`torch.jit.load`)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from ..models import KVCache, LoadedModel
+from ..models import KVCache, ModelConfig, StaticKVDecoder
+from ..steps import DraftStep, PrefillStep, SamplingRows, VerifyStep, graph_name
 
 
 class TorchEngine:
-    fixed_shapes = False  # eager: the last prefill chunk runs unpadded
+    """Eager: any k and any prefill length (the last chunk runs unpadded, verify trims to the proposal)."""
 
-    def __init__(self, loaded: LoadedModel, max_batch: int, cache_len: int):
-        self.model = loaded.model
-        self.config = loaded.config
-        self.vocab_size = loaded.config.vocab_size
-        dtype = next(self.model.parameters()).dtype
-        device = next(self.model.parameters()).device
-        self.cache = KVCache.allocate(self.config, max_batch, cache_len, dtype, device)  # [max_batch, Hkv, S, D] each
+    fixed_shapes = False
+    ks = None
+
+    def __init__(self, model: StaticKVDecoder, max_batch: int, cache_len: int, target_vocab: int | None = None):
+        self.model = model
+        self.config: ModelConfig = model.cfg
+        self.vocab_size = model.cfg.vocab_size
+        self.target_vocab = target_vocab or self.vocab_size
+        p = next(model.parameters())
+        self.cache = KVCache.allocate(self.config, max_batch, cache_len, p.dtype, p.device)  # [max_batch, Hkv, S, D]
+        self.key_pos = torch.arange(cache_len, device=p.device)  # [S]; key_pos[:L] is a free view
         self.max_batch = max_batch
+        self._steps: dict[str, torch.nn.Module] = {}
+
+    def _kv(self, B: int) -> list[torch.Tensor]:
+        assert B <= self.max_batch, f"batch {B} > max_batch {self.max_batch}"
+        return [t[:B] for t in self.cache.keys + self.cache.values]
+
+    def _step(self, kind: str, k: int = 0, sampling: bool = False):
+        name = graph_name(kind, k, sampling)
+        if name not in self._steps:
+            if kind == "prefill":
+                self._steps[name] = PrefillStep(self.model)
+            elif kind == "draft":
+                self._steps[name] = DraftStep(self.model, k, sampling, self.target_vocab)
+            else:
+                self._steps[name] = VerifyStep(self.model, k, sampling)
+        return self._steps[name]
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int,
-                logits_index: torch.Tensor | None = None) -> torch.Tensor:
-        assert tokens.shape[0] <= self.max_batch, f"batch {tokens.shape[0]} > max_batch {self.max_batch}"
-        return self.model(tokens, past_len, self.cache, kv_len, logits_index)
+    def prefill(self, tokens, past_len, last_index, kv_len):
+        return self._step("prefill")(tokens, past_len, last_index, self.key_pos[:kv_len], *self._kv(len(tokens)))[0]
+
+    @torch.inference_mode()
+    def draft(self, last_two, past_len, kv_len, k, sampling, u):
+        s = () if sampling is None else (*sampling.as_tuple(), u)
+        out = self._step("draft", k, sampling is not None)(last_two, past_len, self.key_pos[:kv_len], *s,
+                                                           *self._kv(len(last_two)))
+        return out[0], (out[1] if sampling is not None else None)
+
+    @torch.inference_mode()
+    def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
+        s = ()
+        if sampling is not None:
+            s = (*sampling.as_tuple(), u)
+            if k > 0:
+                s += (q if q is not None or not self.fixed_shapes
+                      else F.one_hot(tokens[:, 1:], self.vocab_size).float(),)
+        out = self._step("verify", k, sampling is not None)(tokens, draft_len, past_len, self.key_pos[:kv_len], *s,
+                                                            *self._kv(len(tokens)))
+        return out[0], out[1], out[2]
+
+
+class TorchScriptEngine(TorchEngine):
+    """The same steps from a TorchScript file: one module per model, one method per step graph."""
+
+    fixed_shapes = True
+
+    def __init__(self, module, config: ModelConfig, max_batch: int, cache_len: int, dtype: torch.dtype,
+                 ks: tuple[int, ...]):
+        self.module = module
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.cache = KVCache.allocate(config, max_batch, cache_len, dtype)
+        self.key_pos = torch.arange(cache_len)
+        self.max_batch = max_batch
+        self.ks = ks
+
+    def _step(self, kind, k=0, sampling=False):
+        return getattr(self.module, graph_name(kind, k, sampling))

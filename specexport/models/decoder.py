@@ -72,24 +72,49 @@ class Attention(nn.Module):
         self.qkv_proj = _concat_linears([self.q_proj, self.k_proj, self.v_proj])
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache):
+    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache, inplace: bool):
         # x: [B, T, hidden]; cos, sin: [B, 1, T, D]; write_idx: [B, kv_heads, T, D] long
-        # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D] (written in place)
+        # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D]
+        # returns out [B, T, hidden] and the caches with the new keys/values written (in place, or as new
+        # tensors for ONNX export, where ONNX Runtime binds the same buffer to the input and the output)
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        q = q.view(B, T, self.h, self.d)
-        k = k.view(B, T, self.hkv, self.d)
-        v = v.view(B, T, self.hkv, self.d)
+        q, k, v = _linear(self.qkv_proj, x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q = q.reshape(B, T, self.h, self.d)
+        k = k.reshape(B, T, self.hkv, self.d)
+        v = v.reshape(B, T, self.hkv, self.d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
         k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, kv_heads, T, D]
-        k_cache.scatter_(2, write_idx, k)
-        v_cache.scatter_(2, write_idx, v.transpose(1, 2))
+        v = v.transpose(1, 2)
+        if inplace:
+            k_cache.scatter_(2, write_idx, k)
+            v_cache.scatter_(2, write_idx, v)
+        else:
+            k_cache, v_cache = k_cache.scatter(2, write_idx, k), v_cache.scatter(2, write_idx, v)
         L = mask.shape[-1]
-        out = F.scaled_dot_product_attention(q, k_cache[:, :, :L], v_cache[:, :, :L], attn_mask=mask,
-                                             enable_gqa=self.h != self.hkv)  # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d))
+        out = _attention(q, k_cache[:, :, :L], v_cache[:, :, :L], mask)  # [B, H, T, D]
+        return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.h * self.d)), k_cache, v_cache
+
+
+def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """[..., in] -> [..., out] through a 2-D matmul: ONNX export then emits Gemm(transB=1) over the stored
+    weight (no transposed copy of it, and a tied lm_head shares the embedding's initializer)."""
+    return lin(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], lin.out_features)
+
+
+def _attention(q, k, v, mask):
+    """Grouped-query attention without repeating K/V. q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask [B, 1, T, L]."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    if not torch.jit.is_tracing():  # eager: the fused kernel
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)
+    # traced for export: plain ops every runtime has; query heads grouped per kv head
+    qg = q.reshape(B, Hkv, (H // Hkv) * T, D)
+    scores = torch.matmul(qg, k.transpose(2, 3)) * (D ** -0.5)  # [B, Hkv, G*T, L]
+    scores = scores.reshape(B, Hkv, H // Hkv, T, -1).masked_fill(~mask[:, :, None], float("-inf"))
+    probs = scores.float().softmax(-1).to(v.dtype).reshape(B, Hkv, (H // Hkv) * T, -1)
+    return torch.matmul(probs, v).reshape(B, H, T, D)
 
 
 class MLP(nn.Module):
@@ -104,8 +129,8 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = _linear(self.gate_up_proj, x).chunk(2, dim=-1)
+        return _linear(self.down_proj, F.silu(gate) * up)
 
 
 def _concat_linears(parts: list[nn.Linear]) -> nn.Linear:
@@ -125,9 +150,11 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, write_idx, mask, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache, inplace: bool):
+        h, k_cache, v_cache = self.self_attn(self.input_layernorm(x), cos, sin, write_idx, mask, k_cache, v_cache,
+                                             inplace)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), k_cache, v_cache
 
 
 class Backbone(nn.Module):
@@ -163,17 +190,24 @@ class StaticKVDecoder(nn.Module):
 
     def forward(self, tokens: torch.Tensor, past_len: torch.Tensor, cache: KVCache, kv_len: int,
                 logits_index: torch.Tensor | None = None) -> torch.Tensor:
-        """Run T tokens per row at positions past_len[b] + arange(T), writing their KV into `cache`.
+        """Eager convenience over `run`: rows 0..B-1 of `cache`, attention over its first kv_len positions."""
+        B = tokens.shape[0]
+        key_pos = torch.arange(kv_len, device=tokens.device)
+        return self.run(tokens, past_len, key_pos, [k[:B] for k in cache.keys], [v[:B] for v in cache.values],
+                        logits_index)[0]
 
-        tokens: [B, T] long; past_len: [B] long; rows 0..B-1 of the cache are used.
-        kv_len: how many cache positions attention reads (>= max(past_len) + T; the rest is masked anyway).
+    def run(self, tokens: torch.Tensor, past_len: torch.Tensor, key_pos: torch.Tensor, keys: list[torch.Tensor],
+            values: list[torch.Tensor], logits_index: torch.Tensor | None = None, inplace: bool = True):
+        """Run T tokens per row at positions past_len[b] + arange(T), writing their KV into the caches.
+
+        tokens: [B, T] long; past_len: [B] long; key_pos: [L] long = arange(L), the cache prefix attention reads
+        (L >= max(past_len) + T; later positions are masked anyway); keys, values: per layer [B, Hkv, S, D].
         logits_index: [B] long, the one position per row whose logits are wanted, or None for all.
-        returns logits [B, T, V] (or [B, 1, V] with logits_index), in fp32.
+        inplace: write the caches in place (eager, TorchScript) or return new ones (ONNX export).
+        returns logits [B, T, V] (or [B, 1, V] with logits_index) in fp32, keys, values.
         """
         B, T = tokens.shape
-        assert past_len.shape == (B,), f"past_len must be [B]={B}, got {tuple(past_len.shape)}"
-        S = cache.seq_len
-        assert kv_len <= S, f"kv_len {kv_len} exceeds the cache length {S}"
+        S = keys[0].shape[2]
         cfg = self.cfg
         positions = past_len[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
         rope_pos = positions.clamp(max=self.max_positions - 1)
@@ -181,14 +215,14 @@ class StaticKVDecoder(nn.Module):
         sin = self.rope_sin[rope_pos].unsqueeze(1)
         # Rows padded past their end write garbage beyond their valid length; clamping keeps it in bounds.
         write_idx = positions.clamp(max=S - 1)[:, None, :, None].expand(B, cfg.num_kv_heads, T, cfg.head_dim)
-        key_pos = torch.arange(kv_len, device=tokens.device)  # [L]
         mask = key_pos <= positions[:, :, None]  # [B, T, L]
         if cfg.sliding_window is not None:
-            mask &= key_pos > positions[:, :, None] - cfg.sliding_window
+            mask = mask & (key_pos > positions[:, :, None] - cfg.sliding_window)
         mask = mask[:, None]  # [B, 1, T, L]
         x = self.model.embed_tokens(tokens)
+        keys, values = list(keys), list(values)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, write_idx, mask, cache.keys[i][:B], cache.values[i][:B])
+            x, keys[i], values[i] = layer(x, cos, sin, write_idx, mask, keys[i], values[i], inplace)
         if logits_index is not None:
             x = x[torch.arange(B, device=x.device), logits_index][:, None]  # [B, 1, hidden]
-        return self.lm_head(self.model.norm(x)).float()
+        return _linear(self.lm_head, self.model.norm(x)).float(), keys, values

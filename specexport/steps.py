@@ -1,0 +1,169 @@
+"""The three hot graphs as torch modules: prefill a chunk, draft k tokens, verify k drafts.
+
+The torch backend runs these modules eagerly; export/ traces the very same modules into ONNX and TorchScript,
+so every backend runs one definition of the step. Each forward takes and returns only tensors, in a fixed
+order (`io_names` gives the names), with every layer's KV cache as an input and an output:
+
+  prefill  tokens [B, C], past_len [B], last_index [B], key_pos [L], *kv -> logits [B, V], *kv
+  draft    last_two [B, 2], past_len [B], key_pos [L], (sampling: temperature, top_k, top_p, greedy [B],
+           u [B, k]), *kv -> draft [B, k], (sampling: q [B, k, V]), *kv
+  verify   tokens [B, k+1] = [current, d1..dk], draft_len [B], past_len [B], key_pos [L], (sampling:
+           temperature, top_k, top_p, greedy [B], u [B, k+1], q [B, k, V] when k > 0), *kv
+           -> n_accepted [B], next [B], committed [B, k+1], *kv
+
+kv is (key.0 .. key.{n-1}, value.0 .. value.{n-1}), each [B, Hkv, S, D]. key_pos is arange(L): attention reads
+the first L cache positions (L >= max(past_len) + tokens; the engines pass S when shapes must be fixed).
+verify with k = 0 is the target-only step. Greedy graphs take no sampling inputs; in sampling graphs,
+rows with greedy[b] take the greedy rule (their temperature must be passed as 1).
+The draft's tokens and q are in the target's vocabulary (a larger draft vocabulary is cut, a smaller one
+padded with q = 0), so the verifier never sees the draft's own vocabulary size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .models import StaticKVDecoder
+from .verify import process_logits, sample_from, verify_greedy, verify_sampling
+
+SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "greedy")
+
+
+@dataclass
+class SamplingRows:
+    """Per-row sampling parameters as tensors (greedy rows carry temperature 1)."""
+
+    temperature: torch.Tensor  # [B] float
+    top_k: torch.Tensor  # [B] long
+    top_p: torch.Tensor  # [B] float
+    greedy: torch.Tensor  # [B] bool
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return self.temperature, self.top_k, self.top_p, self.greedy
+
+
+def kv_names(num_layers: int, suffix: str = "") -> list[str]:
+    return [f"key{suffix}.{i}" for i in range(num_layers)] + [f"value{suffix}.{i}" for i in range(num_layers)]
+
+
+def io_names(kind: str, k: int, sampling: bool, num_layers: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) of a step graph, in forward's order."""
+    s_in = list(SAMPLING_INPUTS) + ["u"] if sampling else []
+    if kind == "prefill":
+        ins, outs = ["tokens", "past_len", "last_index", "key_pos"], ["logits"]
+    elif kind == "draft":
+        ins, outs = ["last_two", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
+    elif kind == "verify":
+        ins = ["tokens", "draft_len", "past_len", "key_pos"] + s_in + (["q"] if sampling and k > 0 else [])
+        outs = ["n_accepted", "next", "committed"]
+    else:
+        raise ValueError(kind)
+    return ins + kv_names(num_layers), outs + kv_names(num_layers, "_out")
+
+
+def graph_name(kind: str, k: int = 0, sampling: bool = False) -> str:
+    return "prefill" if kind == "prefill" else f"{kind}_k{k}_{'sample' if sampling else 'greedy'}"
+
+
+class _Step(nn.Module):
+    """Holds the model; `inplace` (eager and TorchScript) writes the caches in place, ONNX export does not;
+    `static` (any export) always runs the top-k/top-p filter instead of deciding from the data."""
+
+    def __init__(self, model: StaticKVDecoder, inplace: bool = True, static: bool = False):
+        super().__init__()
+        self.model = model
+        self.n = model.cfg.num_layers
+        self.vocab = model.cfg.vocab_size
+        self.inplace, self.static = inplace, static
+
+    def _run(self, tokens, past_len, key_pos, kv, logits_index=None):
+        tokens = tokens.clamp(max=self.vocab - 1)  # ids past a smaller draft vocabulary: a stand-in token
+        logits, keys, values = self.model.run(tokens, past_len, key_pos, kv[:self.n], kv[self.n:], logits_index,
+                                              self.inplace)
+        return logits, keys + values
+
+
+class PrefillStep(_Step):
+    def forward(self, tokens, past_len, last_index, key_pos, *kv):
+        # tokens [B, C], past_len [B], last_index [B] (the chunk position whose logits are returned), key_pos [L]
+        logits, kv = self._run(tokens, past_len, key_pos, kv, last_index)
+        return (logits[:, 0], *kv)  # [B, V]
+
+
+class DraftStep(_Step):
+    """k draft-model passes fused: re-read the last two committed tokens, then feed each drafted token."""
+
+    def __init__(self, model, k: int, sampling: bool, target_vocab: int, **kw):
+        super().__init__(model, **kw)
+        self.k, self.sampling, self.target_vocab = k, sampling, target_vocab
+
+    def _to_target_vocab(self, logits):  # [B, 1, Vd] -> [B, 1, Vt]
+        vd, vt = logits.shape[-1], self.target_vocab
+        if vd > vt:  # a padded tail beyond the target's vocabulary: never proposed
+            return logits[..., :vt]
+        if vd < vt:
+            return torch.nn.functional.pad(logits, (0, vt - vd), value=float("-inf"))
+        return logits
+
+    def forward(self, last_two, past_len, key_pos, *rest):
+        # last_two [B, 2] at positions past_len-1, past_len; sampling: temperature, top_k, top_p, greedy [B], u [B, k]
+        if self.sampling:
+            temperature, top_k, top_p, greedy, u = rest[:5]
+            kv = rest[5:]
+        else:
+            kv = rest
+        B = last_two.shape[0]
+        tokens, pos = last_two, past_len - 1
+        last = torch.ones_like(past_len)  # first pass: the logits after the second re-read token
+        drafts, qs = [], []
+        for i in range(self.k):
+            logits, kv = self._run(tokens, pos, key_pos, kv, last)
+            logits = self._to_target_vocab(logits)  # [B, 1, V]
+            tok = logits[:, 0].argmax(-1)  # [B]
+            if self.sampling:
+                q = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)[:, 0]
+                tok = torch.where(greedy, tok, sample_from(q, u[:, i]))
+                qs.append(q)
+            drafts.append(tok)
+            pos = pos + tokens.shape[1]
+            tokens, last = tok[:, None], torch.zeros_like(past_len)
+        out = [torch.stack(drafts, 1)]  # [B, k]
+        if self.sampling:
+            out.append(torch.stack(qs, 1))  # [B, k, V]
+        assert out[0].shape == (B, self.k)
+        return (*out, *kv)
+
+
+class VerifyStep(_Step):
+    """One target pass over [current, d1..dk] and the acceptance rule (verify.py) on its logits."""
+
+    def __init__(self, model, k: int, sampling: bool, **kw):
+        super().__init__(model, **kw)
+        self.k, self.sampling = k, sampling
+
+    def forward(self, tokens, draft_len, past_len, key_pos, *rest):
+        k = self.k
+        if self.sampling:
+            temperature, top_k, top_p, greedy, u = rest[:5]
+            q = rest[5] if k > 0 else None
+            kv = rest[6:] if k > 0 else rest[5:]
+        else:
+            kv = rest
+        logits, kv = self._run(tokens, past_len, key_pos, kv)  # [B, k+1, V]
+        draft = tokens[:, 1:]  # [B, k]
+        if k == 0:  # target-only
+            nxt = logits[:, 0].argmax(-1)
+            if self.sampling:
+                p = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)
+                nxt = torch.where(greedy, nxt, sample_from(p[:, 0], u[:, 0]))
+            return (torch.zeros_like(nxt), nxt, nxt[:, None], *kv)
+        g_acc, g_next, g_committed = verify_greedy(logits, draft, draft_len)
+        if not self.sampling:
+            return (g_acc, g_next, g_committed, *kv)
+        p = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)  # [B, k+1, V]
+        n_acc, nxt, committed = verify_sampling(p, q, draft, draft_len, u[:, :k], u[:, k])
+        return (torch.where(greedy, g_acc, n_acc), torch.where(greedy, g_next, nxt),
+                torch.where(greedy[:, None], g_committed, committed), *kv)
