@@ -70,3 +70,34 @@ class DecoderConfig:
     def cache_len(self) -> int:
         """S: static KV length; verify writes up to past_len + k, and past_len < max_seq_len."""
         return self.max_seq_len + self.k + 1
+
+
+FORMATS = ("onnx", "torchscript")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """What `specexport build` compiles; shape defaults are DecoderConfig's (one source of defaults)."""
+
+    target: str | None = None  # checkpoint dir or .gguf; None: SmolLM2-135M-Instruct
+    draft: str = PROMPT_LOOKUP  # a draft checkpoint, or prompt-lookup (no draft graphs)
+    ks: tuple[int, ...] = (DecoderConfig.k,)  # one draft/verify graph set per k
+    max_seq_len: int = DecoderConfig.max_seq_len
+    max_batch: int = DecoderConfig.max_batch
+    prefill_chunk: int = DecoderConfig.prefill_chunk
+    dtype: str = DecoderConfig.dtype
+    formats: tuple[str, ...] = ("onnx",)
+    sampling: bool = True  # also build the sampling graphs (greedy graphs are always built)
+    out: str = "engines/default"
+
+    def __post_init__(self):
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise SpecExportError(f"--k takes k values >= 1 (e.g. 4 or 2,4,8), got {list(self.ks)}")
+        unknown = [f for f in self.formats if f not in FORMATS]
+        if unknown or not self.formats:
+            raise SpecExportError(f"unknown format {', '.join(unknown) or '(none)'}; choose from {', '.join(FORMATS)}")
+        self.decoder()  # validates the shape fields
+
+    def decoder(self, **overrides) -> DecoderConfig:
+        return DecoderConfig(**{"k": max(self.ks), "max_seq_len": self.max_seq_len, "max_batch": self.max_batch,
+                                "prefill_chunk": self.prefill_chunk, "dtype": self.dtype, **overrides})

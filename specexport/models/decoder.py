@@ -98,9 +98,14 @@ class Attention(nn.Module):
 
 
 def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """[..., in] -> [..., out] through a 2-D matmul: ONNX export then emits Gemm(transB=1) over the stored
-    weight (no transposed copy of it, and a tied lm_head shares the embedding's initializer)."""
-    return lin(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], lin.out_features)
+    """[..., in] -> [..., out] through a 2-D matmul. Traced, it always carries a bias (a broadcast zero when the
+    layer has none) so that ONNX export emits Gemm(transB=1) over the stored weight: no transposed copy of
+    it, and a tied lm_head shares the embedding's initializer."""
+    x2 = x.reshape(-1, x.shape[-1])
+    bias = lin.bias
+    if bias is None and torch.jit.is_tracing():
+        bias = torch.zeros(1, dtype=x.dtype, device=x.device)
+    return F.linear(x2, lin.weight, bias).reshape(*x.shape[:-1], lin.out_features)
 
 
 def _attention(q, k, v, mask):

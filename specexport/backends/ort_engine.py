@@ -1,0 +1,212 @@
+"""The onnxruntime backend: the exported step graphs over IOBinding, caches updated in place.
+
+- Weights: `weights.safetensors` is memory-mapped once; every tensor becomes one OrtValue that all of the
+  model's sessions share (SessionOptions.add_initializer), with MLAS pre-packing off so that no session
+  keeps a private copy. One model's weights are therefore in memory once, however many graphs it has.
+- KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
+  binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
+  new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
+- Per (graph, batch) one IOBinding, made on first use: outputs bound to preallocated buffers, inputs copied
+  into preallocated OrtValues (`update_inplace`), so a step allocates nothing of its own.
+- CUDA (onnxruntime-gpu): the same, on the device, with `enable_cuda_graph` and one gpu_graph_id per
+  (graph, batch); key_pos is then always the full S so that every replay has the same shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import SpecExportError
+from ..models import ModelConfig
+from ..steps import SamplingRows, graph_name
+
+
+def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """name -> read-only array view into one memory map of the file (nothing is read until used)."""
+    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "F64": np.float64}
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, m in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = m["data_offsets"]
+        out[name] = mm[8 + n + a:8 + n + b].view(dtypes[m["dtype"]]).reshape(m["shape"])
+    return out
+
+
+class OrtEngine:
+    fixed_shapes = True
+
+    def __init__(self, folder: Path, entry: dict, max_batch: int, cache_len: int, ks: tuple[int, ...],
+                 threads: int | None = None, device: str = "cpu", target_vocab: int | None = None):
+        import onnxruntime as ort
+        self.ort = ort
+        self.folder = folder
+        self.config = ModelConfig(**{**entry["config"], "eos_token_ids": tuple(entry["config"]["eos_token_ids"])})
+        self.vocab_size = self.config.vocab_size
+        self.target_vocab = target_vocab or self.vocab_size
+        self.graphs = entry["graphs"]  # name -> {"file", "inputs", "outputs"}
+        self.ks = ks
+        self.max_batch, self.cache_len = max_batch, cache_len
+        self.device = device
+        if device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise SpecExportError("device='cuda' needs onnxruntime-gpu (pip install specexport[gpu]); "
+                                      "this onnxruntime has only " + ", ".join(ort.get_available_providers()))
+            self.providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]
+        else:
+            self.providers = ["CPUExecutionProvider"]
+        self.threads = threads
+        np_dtype = np.dtype(entry["kv_dtype"])
+        self._weights = mmap_safetensors(folder / entry["weights"])
+        self._weight_values = {n: self._value(a) for n, a in self._weights.items()}
+        cfg = self.config
+        shape = (max_batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
+        if device == "cuda":
+            self.kv = [ort.OrtValue.ortvalue_from_shape_and_type(shape, np_dtype, "cuda", 0)
+                       for _ in range(2 * cfg.num_layers)]
+        else:
+            self._kv_np = [np.zeros(shape, np_dtype) for _ in range(2 * cfg.num_layers)]
+            self.kv = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._kv_np]
+        self.kv_dtype = np_dtype
+        self.key_pos = np.arange(cache_len, dtype=np.int64)  # [S]; key_pos[:L] is bound without a copy
+        self._sessions: dict[str, object] = {}
+        self._bindings: dict[tuple[str, int], _Binding] = {}
+
+    def _value(self, array: np.ndarray):
+        if self.device == "cuda":
+            return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", 0)
+        return self.ort.OrtValue.ortvalue_from_numpy(array)
+
+    def session(self, name: str):
+        if name not in self._sessions:
+            if name not in self.graphs:
+                raise SpecExportError(f"this engine has no {name!r} graph (built: {', '.join(sorted(self.graphs))}); "
+                                      "rebuild with the k values and modes you need")
+            ort = self.ort
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            so.add_session_config_entry("session.disable_prepacking", "1")  # no per-session weight copies
+            if self.threads:
+                so.intra_op_num_threads = self.threads
+            import onnx
+            path = str(self.folder / self.graphs[name]["file"])
+            for init in onnx.load(path, load_external_data=False).graph.initializer:
+                if init.name in self._weight_values:
+                    so.add_initializer(init.name, self._weight_values[init.name])
+            try:
+                self._sessions[name] = ort.InferenceSession(path, so, providers=self.providers)
+            except Exception as e:  # a graph ORT refuses: say which and why, in one line
+                raise SpecExportError(f"onnxruntime cannot load graph {name!r}: {str(e).splitlines()[0]}") from None
+        return self._sessions[name]
+
+    def _binding(self, name: str, B: int) -> "_Binding":
+        key = (name, B)
+        if key not in self._bindings:
+            assert B <= self.max_batch, f"batch {B} > max_batch {self.max_batch}"
+            self._bindings[key] = _Binding(self, name, B, graph_id=len(self._bindings) + 1)
+        return self._bindings[key]
+
+    def _run(self, name: str, B: int, inputs: dict, kv_len: int) -> list[torch.Tensor]:
+        b = self._binding(name, B)
+        return b.run(inputs, kv_len)
+
+    # ---- the Engine protocol -------------------------------------------------------------------
+
+    def prefill(self, tokens, past_len, last_index, kv_len):
+        return self._run("prefill", len(tokens), dict(tokens=tokens, past_len=past_len, last_index=last_index),
+                         kv_len)[0]
+
+    def draft(self, last_two, past_len, kv_len, k, sampling, u):
+        ins = dict(last_two=last_two, past_len=past_len)
+        if sampling is not None:
+            ins.update(_sampling(sampling), u=u)
+        out = self._run(graph_name("draft", k, sampling is not None), len(last_two), ins, kv_len)
+        return out[0], (out[1] if sampling is not None else None)
+
+    def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
+        ins = dict(tokens=tokens, draft_len=draft_len, past_len=past_len)
+        if sampling is not None:
+            ins.update(_sampling(sampling), u=u)
+            if k > 0:
+                ins["q"] = q if q is not None else torch.nn.functional.one_hot(tokens[:, 1:], self.target_vocab).float()
+        out = self._run(graph_name("verify", k, sampling is not None), len(tokens), ins, kv_len)
+        return out[0], out[1], out[2]
+
+
+def _sampling(s: SamplingRows) -> dict:
+    return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, greedy=s.greedy)
+
+
+class _Binding:
+    """One graph at one batch size: its IOBinding, its input OrtValues and its output buffers."""
+
+    def __init__(self, eng: OrtEngine, name: str, B: int, graph_id: int):
+        ort = eng.ort
+        self.eng, self.name, self.B = eng, name, B
+        self.sess = eng.session(name)
+        self.io = self.sess.io_binding()
+        spec = eng.graphs[name]
+        n_kv = 2 * eng.config.num_layers
+        small_in, small_out = spec["inputs"][:-n_kv], spec["outputs"][:-n_kv]
+        dev = "cuda" if eng.device == "cuda" else "cpu"
+        cfg = eng.config
+        kv_shape = [B, cfg.num_kv_heads, eng.cache_len, cfg.head_dim]
+        S = eng.cache_len
+        for (i_name, _, _), (o_name, _, _), kv in zip(spec["inputs"][-n_kv:], spec["outputs"][-n_kv:], eng.kv):
+            for bind in (self.io.bind_input, self.io.bind_output):
+                bind(i_name if bind == self.io.bind_input else o_name, dev, 0, eng.kv_dtype, kv_shape, kv.data_ptr())
+        self.inputs = {}  # name -> (OrtValue, host staging array) for the small inputs, key_pos aside
+        for i_name, dtype, dims in small_in:
+            if i_name == "key_pos":
+                continue
+            shape = [B if d == "B" else d for d in dims]
+            host = np.zeros(shape, np.dtype(dtype))
+            value = ort.OrtValue.ortvalue_from_numpy(host, dev, 0) if dev == "cuda" else ort.OrtValue.ortvalue_from_numpy(host)
+            self.io.bind_ortvalue_input(i_name, value)
+            self.inputs[i_name] = (value, host)
+        self.outputs = []  # (OrtValue, host view as torch) per small output
+        for o_name, dtype, dims in small_out:
+            shape = [B if d == "B" else d for d in dims]
+            host = np.zeros(shape, np.dtype(dtype))
+            if dev == "cuda":
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0)
+            else:
+                value = ort.OrtValue.ortvalue_from_numpy(host)
+            self.io.bind_ortvalue_output(o_name, value)
+            self.outputs.append((value, torch.from_numpy(host)))
+        self.run_options = ort.RunOptions()
+        if dev == "cuda":
+            self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            self.key_pos = ort.OrtValue.ortvalue_from_numpy(eng.key_pos, "cuda", 0)
+            self.io.bind_ortvalue_input("key_pos", self.key_pos)
+        self.S = S
+        self.on_cuda = dev == "cuda"
+
+    def run(self, inputs: dict, kv_len: int) -> list[torch.Tensor]:
+        if set(inputs) != set(self.inputs):
+            raise AssertionError(f"{self.name}: inputs {sorted(inputs)} != graph inputs {sorted(self.inputs)}")
+        for name, t in inputs.items():
+            value, host = self.inputs[name]
+            arr = t.numpy() if isinstance(t, torch.Tensor) else t
+            if arr.shape != host.shape:
+                raise AssertionError(f"{self.name}: input {name} has shape {arr.shape}, the graph takes {host.shape}")
+            if self.on_cuda:
+                value.update_inplace(np.ascontiguousarray(arr, dtype=host.dtype))
+            else:
+                np.copyto(host, arr, casting="same_kind")
+        if not self.on_cuda:  # attention reads only the first kv_len cache positions
+            self.io.bind_input("key_pos", "cpu", 0, np.int64, [kv_len], self.eng.key_pos.ctypes.data)
+        self.sess.run_with_iobinding(self.io, self.run_options)
+        if self.on_cuda:
+            return [torch.from_numpy(v.numpy()) for v, _ in self.outputs]
+        return [t for _, t in self.outputs]

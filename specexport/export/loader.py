@@ -1,0 +1,94 @@
+"""Open an engine folder with a backend: check the manifest, then build the engines the runtime drives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..config import DTYPES, PROMPT_LOOKUP, DecoderConfig
+from ..drafters import ModelDrafter, PromptLookupDrafter
+from ..errors import SpecExportError
+from ..models import ModelConfig, StaticKVDecoder
+from .manifest import read_manifest
+
+LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max")
+
+
+def model_config(entry: dict) -> ModelConfig:
+    c = entry["config"]
+    return ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])})
+
+
+def load_torch_model(root: Path, entry: dict, dtype: str, cache_len: int) -> StaticKVDecoder:
+    """The eager decoder from the engine's own weights file (the one the ONNX graphs point into)."""
+    from safetensors.torch import load_file
+    model = StaticKVDecoder(model_config(entry), cache_len).fuse()
+    state = {n.removeprefix("model."): t for n, t in load_file(str(root / entry["weights"])).items()}
+    wanted = model.state_dict()
+    missing = [n for n in wanted if n not in state and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    if missing:
+        raise SpecExportError(f"{entry['weights']} lacks {len(missing)} weights (e.g. {missing[0]}): rebuild the engine")
+    model.load_state_dict({n: t for n, t in state.items() if n in wanted}, strict=False)
+    return model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False)
+
+
+def open_engine_dir(path: str, backend: str, **options):
+    """-> (target engine, drafter, DecoderConfig, tokenizer, eos ids, source) for SpeculativeDecoder."""
+    unknown = set(options) - set(LOAD_OPTIONS)
+    if unknown:
+        raise SpecExportError(f"unknown load option(s) {', '.join(sorted(unknown))}; known: {', '.join(LOAD_OPTIONS)}")
+    root = Path(path)
+    m = read_manifest(root, verify_hashes=options.get("verify_hashes", True))
+    max_batch = options.get("max_batch") or m["max_batch"]
+    if max_batch > m["max_batch"]:
+        raise SpecExportError(f"max_batch={max_batch} exceeds the engine's built max_batch={m['max_batch']}: "
+                              "pass a smaller one or rebuild with a larger --max-batch")
+    ks = tuple(m["ks"])
+    ngram = m.get("ngram", [1, 3])
+    config = DecoderConfig(k=max(ks), max_seq_len=m["max_seq_len"], max_batch=max_batch,
+                           prefill_chunk=m["prefill_chunk"], backend=backend, dtype=m["dtype"],
+                           ngram_min=options.get("ngram_min", ngram[0]), ngram_max=options.get("ngram_max", ngram[1]),
+                           threads=options.get("threads"))
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    assert config.cache_len == m["cache_len"], "manifest cache_len disagrees with max_seq_len + max(k) + 1"
+    V = m["vocab_size"]
+    device = options.get("device", "cpu")
+
+    def engine(role: str):
+        entry = m["models"][role]
+        vocab = V if role == "draft" else None
+        if backend == "onnxruntime":
+            if "onnx" not in m.get("formats", ["onnx"]) or not entry["graphs"]:
+                raise SpecExportError(f"{root} has no ONNX graphs: rebuild with --format onnx")
+            if device != "cuda" and m["dtype"] != "fp32":
+                raise SpecExportError(f"this engine is {m['dtype']}; ONNX Runtime's CPU provider runs fp32 graphs: "
+                                      "rebuild with --dtype fp32, or load with device='cuda' (onnxruntime-gpu)")
+            from ..backends.ort_engine import OrtEngine
+            return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab)
+        if backend == "torchscript":
+            if "torchscript" not in entry:
+                raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")
+            from ..backends.torch_engine import TorchScriptEngine
+            from .torchscript import warn_deprecated
+            warn_deprecated()
+            module = torch.jit.load(str(root / entry["torchscript"]))
+            return TorchScriptEngine(module, model_config(entry), max_batch, m["cache_len"],
+                                     getattr(torch, DTYPES[m["dtype"]]), ks)
+        if backend == "torch":
+            from ..backends.torch_engine import TorchEngine
+            return TorchEngine(load_torch_model(root, entry, m["dtype"], m["cache_len"]), max_batch, m["cache_len"],
+                               target_vocab=vocab)
+        raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch or torchscript")
+
+    target = engine("target")
+    if m["drafter"] == PROMPT_LOOKUP:
+        drafter = PromptLookupDrafter(config.ngram_min, config.ngram_max)
+    else:
+        drafter = ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"])
+    tokenizer = None
+    if m.get("tokenizer"):
+        from transformers import PreTrainedTokenizerFast
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(root / m["tokenizer"]))
+    return target, drafter, config, tokenizer, m["eos_token_ids"], str(root)

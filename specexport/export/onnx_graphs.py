@@ -1,0 +1,122 @@
+"""ONNX export of the step graphs (steps.py), all of one model's graphs sharing one weights file.
+
+Each graph is traced from the same module the torch backend runs (with out-of-place cache writes, so every
+layer's cache is a graph input and output that ONNX Runtime updates in place when both are bound to one
+buffer). The weights are written once, as `weights.safetensors`; every graph's initializers then point into
+that file as ONNX external data (location, offset, length), so the graphs on disk are small and the engine
+loads the weights once for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..models import StaticKVDecoder
+from ..steps import DraftStep, PrefillStep, VerifyStep, graph_name, io_names
+
+OPSET = 18
+WEIGHTS_FILE = "weights.safetensors"
+_INLINE_LIMIT = 1 << 16  # initializers larger than this must come from the weights file
+
+
+def step_module(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_vocab: int, inplace: bool):
+    kw = dict(inplace=inplace, static=True)
+    if kind == "prefill":
+        return PrefillStep(model, **kw)
+    if kind == "draft":
+        return DraftStep(model, k, sampling, target_vocab, **kw)
+    return VerifyStep(model, k, sampling, **kw)
+
+
+def example_inputs(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chunk: int, cache_len: int,
+                   target_vocab: int, batch: int = 2) -> tuple[torch.Tensor, ...]:
+    """Inputs to trace with (batch 2 and a key prefix L < S, so neither is specialised into the graph)."""
+    cfg, B, S = model.cfg, batch, cache_len
+    p = next(model.parameters())
+    T = {"prefill": chunk, "draft": 2, "verify": k + 1}[kind]
+    past = torch.tensor([1, 2] * B)[:B]
+    L = min(S, 2 + T + max(k, 1) + 1)
+    ids = lambda *shape: torch.randint(0, min(cfg.vocab_size, target_vocab), shape)  # noqa: E731
+    kv = [torch.zeros(B, cfg.num_kv_heads, S, cfg.head_dim, dtype=p.dtype) for _ in range(2 * cfg.num_layers)]
+    s = (torch.ones(B), torch.zeros(B, dtype=torch.long), torch.ones(B), torch.zeros(B, dtype=torch.bool))
+    key_pos = torch.arange(L)
+    if kind == "prefill":
+        return (ids(B, T), past, torch.full((B,), T - 1), key_pos, *kv)
+    if kind == "draft":
+        return (ids(B, 2), past, key_pos, *((*s, torch.rand(B, k)) if sampling else ()), *kv)
+    extra = ()
+    if sampling:
+        extra = (*s, torch.rand(B, k + 1)) + ((torch.softmax(torch.randn(B, k, target_vocab), -1),) if k else ())
+    return (ids(B, k + 1), torch.full((B,), k), past, key_pos, *extra, *kv)
+
+
+def dynamic_axes(names: list[str]) -> dict[str, dict[int, str]]:
+    return {n: ({0: "L"} if n == "key_pos" else {0: "B"}) for n in names}
+
+
+def write_weights(model: StaticKVDecoder, path: Path) -> dict[str, tuple[int, int]]:
+    """Save every parameter and buffer once (names as the step modules see them: 'model.' + name).
+    Returns name -> (byte offset, byte length) inside the file."""
+    from safetensors.torch import save_file
+    wrapper = PrefillStep(model)
+    tensors = {n: t.detach().contiguous() for n, t in wrapper.named_parameters()}  # tied weights appear once
+    tensors.update({n: t.detach().contiguous() for n, t in wrapper.named_buffers()})
+    save_file(tensors, str(path))
+    return safetensors_offsets(path)
+
+
+def safetensors_offsets(path: Path) -> dict[str, tuple[int, int]]:
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    base = 8 + n
+    return {name: (base + m["data_offsets"][0], m["data_offsets"][1] - m["data_offsets"][0])
+            for name, m in header.items() if name != "__metadata__"}
+
+
+def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chunk: int, cache_len: int,
+                 target_vocab: int, out_dir: Path, weights: dict[str, tuple[int, int]]) -> dict:
+    """Trace one step graph to out_dir/<graph>.onnx with its weights in out_dir/weights.safetensors.
+    Returns {"file", "inputs", "outputs"} for the manifest (names, dtypes, shapes with B / L symbolic)."""
+    import onnx
+    name = graph_name(kind, k, sampling)
+    module = step_module(model, kind, k, sampling, target_vocab, inplace=False)
+    inputs = example_inputs(model, kind, k, sampling, chunk, cache_len, target_vocab)
+    in_names, out_names = io_names(kind, k, sampling, model.cfg.num_layers)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer chatter about python ints; shapes are checked by the tests
+        f = os.path.join(tmp, "g.onnx")
+        torch.onnx.export(module, inputs, f, dynamo=False, opset_version=OPSET, input_names=in_names,
+                          output_names=out_names, dynamic_axes=dynamic_axes(in_names + out_names),
+                          do_constant_folding=True)
+        proto = onnx.load(f)
+    for init in proto.graph.initializer:
+        if init.name in weights:
+            offset, length = weights[init.name]
+            init.ClearField("raw_data")
+            init.data_location = onnx.TensorProto.EXTERNAL
+            del init.external_data[:]
+            for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(length))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+        elif len(init.raw_data) > _INLINE_LIMIT:
+            raise RuntimeError(f"{name}: initializer {init.name!r} ({len(init.raw_data)} bytes) is not a model "
+                               "weight; the export would duplicate it")
+    path = out_dir / f"{name}.onnx"
+    onnx.save(proto, str(path))
+    return {"file": path.name, "inputs": [_io(t) for t in proto.graph.input],
+            "outputs": [_io(t) for t in proto.graph.output]}
+
+
+def _io(value_info) -> list:
+    import onnx
+    t = value_info.type.tensor_type
+    dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+    return [value_info.name, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, dims]
