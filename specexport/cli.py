@@ -1,4 +1,4 @@
-"""Command line: `specexport generate` (and, as later work lands, build | bench | triton).
+"""Command line: `specexport build | generate | inspect`.
 
 Defaults come from the dataclasses in config.py. User errors print one line and exit 2, no traceback.
 """
@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import fields
 
-from .config import PROMPT_LOOKUP, DecoderConfig, SamplingParams
+from .config import BACKENDS, FORMATS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, SamplingParams
 from .errors import SpecExportError
 
 
@@ -19,16 +19,23 @@ def _defaults(cls) -> dict:
     return {f.name: f.default for f in fields(cls)}
 
 
-def _add_decoder_args(p: argparse.ArgumentParser) -> None:
-    d = _defaults(DecoderConfig)
+def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=PROMPT_LOOKUP, help=f"draft checkpoint dir, .gguf or {PROMPT_LOOKUP!r}")
-    p.add_argument("--k", type=int, default=d["k"], help="draft tokens per step")
-    p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"])
-    p.add_argument("--max-batch", type=int, default=d["max_batch"])
-    p.add_argument("--prefill-chunk", type=int, default=d["prefill_chunk"])
-    p.add_argument("--dtype", default=d["dtype"], choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--threads", type=int, default=d["threads"])
+
+
+def _add_shape_args(p: argparse.ArgumentParser) -> None:
+    """Shape options default to None here and to DecoderConfig's defaults when used (one source of defaults)."""
+    d = _defaults(DecoderConfig)
+    p.add_argument("--max-seq-len", type=int, help=f"prompt + generated tokens per row (default {d['max_seq_len']})")
+    p.add_argument("--max-batch", type=int, help=f"default {d['max_batch']}")
+    p.add_argument("--prefill-chunk", type=int, help=f"C, prompt tokens per prefill pass (default {d['prefill_chunk']})")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help=f"default {d['dtype']}")
+
+
+def _shape_options(a) -> dict:
+    return {k: v for k, v in (("max_seq_len", a.max_seq_len), ("max_batch", a.max_batch),
+                              ("prefill_chunk", a.prefill_chunk), ("dtype", a.dtype)) if v is not None}
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -41,9 +48,18 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _decoder(a):
     from .runtime import SpeculativeDecoder
-    return SpeculativeDecoder.from_pretrained(a.target, a.draft, k=a.k, max_seq_len=a.max_seq_len,
-                                              max_batch=a.max_batch, prefill_chunk=a.prefill_chunk, dtype=a.dtype,
-                                              threads=a.threads)
+    if a.engine:
+        if a.target is not None or a.draft is not None or _shape_options(a):
+            raise SpecExportError("an engine folder fixes the models and shapes: drop --target/--draft/--max-seq-len/"
+                                  "--max-batch/--prefill-chunk/--dtype, or drop ENGINE_DIR to run checkpoints")
+        return SpeculativeDecoder.load(a.engine, backend=a.backend or "onnxruntime", threads=a.threads)
+    if a.backend not in (None, "torch"):
+        raise SpecExportError(f"--backend {a.backend} runs engine folders: build one with specexport build and pass "
+                              "it as ENGINE_DIR")
+    opts = _shape_options(a)
+    if a.k is not None:
+        opts["k"] = a.k
+    return SpeculativeDecoder.from_pretrained(a.target, a.draft, threads=a.threads, **opts)
 
 
 def _stats_line(st) -> str:
@@ -60,7 +76,7 @@ def cmd_generate(a) -> int:
     t0 = time.perf_counter()
     dec = _decoder(a)
     load_s = time.perf_counter() - t0
-    kw = dict(max_new_tokens=a.max_new_tokens, sampling=sp, chat=a.chat)
+    kw = dict(max_new_tokens=a.max_new_tokens, sampling=sp, chat=a.chat, k=a.k)
     if a.compare:  # warm-up, excluded from the figures
         dec.generate(a.prompt, **{**kw, "max_new_tokens": min(8, a.max_new_tokens)})
     ids, text, stats = [], "", None
@@ -76,7 +92,7 @@ def cmd_generate(a) -> int:
             print(text)
     result = {"text": text, "token_ids": ids, "stats": stats.as_dict(), "load_s": load_s}
     if a.compare:  # target-only on the same prompt, right after the speculative run
-        base = dec.generate(a.prompt, speculative=False, **kw)[0]
+        base = dec.generate(a.prompt, speculative=False, **{**kw, "k": None})[0]
         result.update(target_only_tokens_per_s=base.stats.tokens_per_s, speculative_tokens_per_s=stats.tokens_per_s,
                       speedup=stats.tokens_per_s / base.stats.tokens_per_s,
                       identical_to_target_only=ids == base.token_ids if sp.greedy else None)
@@ -92,11 +108,59 @@ def cmd_generate(a) -> int:
     return 0
 
 
+def _parse_ks(values: list[str] | None) -> tuple[int, ...]:
+    if not values:
+        return BuildConfig.ks
+    try:
+        return tuple(sorted({int(k) for v in values for k in v.split(",") if k.strip()}))
+    except ValueError:
+        raise SpecExportError(f"--k takes integers, e.g. --k 4 or --k 2,4,8; got {' '.join(values)}") from None
+
+
+def cmd_build(a) -> int:
+    from .export.build import build
+    formats = tuple(f.strip() for f in a.format.split(",") if f.strip())
+    cfg = BuildConfig(target=a.target, draft=a.draft, ks=_parse_ks(a.k), formats=formats,
+                      sampling=not a.greedy_only, out=a.out, **_shape_options(a))
+    summary = build(cfg, progress=not a.json)
+    if a.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"engine written to {summary['out']} ({summary['graphs']} graphs, {summary['total_bytes'] / 1e6:.1f} MB)")
+    return 0
+
+
+def cmd_inspect(a) -> int:
+    from .export.inspect import describe, format_description
+    info = describe(a.engine)
+    print(json.dumps(info, indent=2) if a.json else format_description(info))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specexport", description="Lossless speculative decoding.")
     sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="compile a target/draft pair into an engine folder")
+    b.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    b.add_argument("--draft", default=BuildConfig.draft, help=f"draft checkpoint dir, .gguf or {PROMPT_LOOKUP!r}")
+    b.add_argument("--k", action="append", help="draft tokens per step; repeat or comma-separate to build several "
+                                                f"(default {BuildConfig.ks[0]})")
+    _add_shape_args(b)
+    b.add_argument("--format", default=",".join(BuildConfig.formats), help=f"comma-separated: {', '.join(FORMATS)}")
+    b.add_argument("--greedy-only", action="store_true", help="skip the sampling graphs")
+    b.add_argument("--out", default=BuildConfig.out, help="the engine folder to write")
+    b.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    b.set_defaults(func=cmd_build)
+
     g = sub.add_parser("generate", help="generate text for a prompt and print the stats")
-    _add_decoder_args(g)
+    g.add_argument("engine", nargs="?", default=None, metavar="ENGINE_DIR",
+                   help="an engine folder from specexport build (omit to run checkpoints eagerly)")
+    g.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--draft", default=None, help=f"draft checkpoint dir, .gguf or {PROMPT_LOOKUP!r} (the default)")
+    g.add_argument("--backend", choices=BACKENDS, help="with ENGINE_DIR: onnxruntime (default), torch or torchscript")
+    g.add_argument("--k", type=int, default=None, help="draft tokens per step (an engine: one of its built k)")
+    _add_shape_args(g)
+    g.add_argument("--threads", type=int, default=None)
     _add_sampling_args(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="apply the target's chat template")
@@ -106,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true",
                    help="also run target-only decoding and print the measured speedup")
     g.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("inspect", help="describe an engine folder: models, k values, shapes, sizes, memory")
+    i.add_argument("engine", metavar="ENGINE_DIR")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_inspect)
     return ap
 
 

@@ -140,7 +140,8 @@ class SpeculativeDecoder:
     def load(cls, engine_dir: str, backend: str = "onnxruntime", **options) -> "SpeculativeDecoder":
         """Open an engine folder written by `specexport build` (checked against its manifest).
         backend: onnxruntime | torch | torchscript; options: threads, max_batch (<= built), device
-        ('cpu' or 'cuda' for onnxruntime), verify_hashes (default True)."""
+        ('cpu' or 'cuda' for onnxruntime), prepack (onnxruntime CPU: faster multi-token passes for about
+        1.5x more weight memory), verify_hashes (default True), ngram_min / ngram_max (prompt lookup)."""
         from .export.loader import open_engine_dir
         return cls(*open_engine_dir(engine_dir, backend, **options))
 

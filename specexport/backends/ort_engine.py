@@ -1,8 +1,11 @@
 """The onnxruntime backend: the exported step graphs over IOBinding, caches updated in place.
 
-- Weights: `weights.safetensors` is memory-mapped once; every tensor becomes one OrtValue that all of the
-  model's sessions share (SessionOptions.add_initializer), with MLAS pre-packing off so that no session
-  keeps a private copy. One model's weights are therefore in memory once, however many graphs it has.
+- Weights: `weights.safetensors` is memory-mapped once and every tensor becomes one OrtValue that all of the
+  model's sessions (one per step graph) share through SessionOptions.add_initializer: the weights are in
+  memory once, however many graphs the model has.
+- MLAS pre-packing is off by default: each session would keep its own packed copy of every weight.
+  `prepack=True` trades that memory (one extra copy of the weights per step graph used) for speed:
+  multi-token passes (verify over k+1, prefill chunks) then cost little more than a one-token pass.
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
   binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
   new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +50,8 @@ class OrtEngine:
     fixed_shapes = True
 
     def __init__(self, folder: Path, entry: dict, max_batch: int, cache_len: int, ks: tuple[int, ...],
-                 threads: int | None = None, device: str = "cpu", target_vocab: int | None = None):
+                 threads: int | None = None, device: str = "cpu", target_vocab: int | None = None,
+                 prepack: bool = False):
         import onnxruntime as ort
         self.ort = ort
         self.folder = folder
@@ -65,9 +70,10 @@ class OrtEngine:
         else:
             self.providers = ["CPUExecutionProvider"]
         self.threads = threads
+        self.prepack = prepack
         np_dtype = np.dtype(entry["kv_dtype"])
         self._weights = mmap_safetensors(folder / entry["weights"])
-        self._weight_values = {n: self._value(a) for n, a in self._weights.items()}
+        self._weight_values = {}
         cfg = self.config
         shape = (max_batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
         if device == "cuda":
@@ -79,6 +85,7 @@ class OrtEngine:
         self.kv_dtype = np_dtype
         self.key_pos = np.arange(cache_len, dtype=np.int64)  # [S]; key_pos[:L] is bound without a copy
         self._sessions: dict[str, object] = {}
+        self.busy_s = 0.0  # seconds inside session runs (the benchmark's host-overhead split)
         self._bindings: dict[tuple[str, int], _Binding] = {}
 
     def _value(self, array: np.ndarray):
@@ -86,28 +93,41 @@ class OrtEngine:
             return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", 0)
         return self.ort.OrtValue.ortvalue_from_numpy(array)
 
+    def _session_options(self, prepack: bool):
+        ort = self.ort
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
+        if self.threads:
+            so.intra_op_num_threads = self.threads
+        return so
+
+    def _open(self, rel: str, prepack: bool):
+        import onnx
+        path = str(self.folder / rel)
+        so = self._session_options(prepack)
+        for init in onnx.load(path, load_external_data=False).graph.initializer:
+            if init.name in self._weights:
+                so.add_initializer(init.name, self._weight_value(init.name))
+        try:
+            return self.ort.InferenceSession(path, so, providers=self.providers)
+        except Exception as e:  # a graph ORT refuses: say which and why, in one line
+            raise SpecExportError(f"onnxruntime cannot load {rel}: {str(e).splitlines()[0]}") from None
+
     def session(self, name: str):
+        if name not in self.graphs:
+            raise SpecExportError(f"this engine has no {name!r} graph (built: {', '.join(sorted(self.graphs))}); "
+                                  "rebuild with the k values and modes you need")
         if name not in self._sessions:
-            if name not in self.graphs:
-                raise SpecExportError(f"this engine has no {name!r} graph (built: {', '.join(sorted(self.graphs))}); "
-                                      "rebuild with the k values and modes you need")
-            ort = self.ort
-            so = ort.SessionOptions()
-            so.log_severity_level = 3
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            so.add_session_config_entry("session.disable_prepacking", "1")  # no per-session weight copies
-            if self.threads:
-                so.intra_op_num_threads = self.threads
-            import onnx
-            path = str(self.folder / self.graphs[name]["file"])
-            for init in onnx.load(path, load_external_data=False).graph.initializer:
-                if init.name in self._weight_values:
-                    so.add_initializer(init.name, self._weight_values[init.name])
-            try:
-                self._sessions[name] = ort.InferenceSession(path, so, providers=self.providers)
-            except Exception as e:  # a graph ORT refuses: say which and why, in one line
-                raise SpecExportError(f"onnxruntime cannot load graph {name!r}: {str(e).splitlines()[0]}") from None
+            self._sessions[name] = self._open(self.graphs[name]["file"], self.prepack)
         return self._sessions[name]
+
+    def _weight_value(self, name: str):
+        if name not in self._weight_values:
+            self._weight_values[name] = self._value(self._weights[name])
+        return self._weight_values[name]
 
     def _binding(self, name: str, B: int) -> "_Binding":
         key = (name, B)
@@ -148,7 +168,7 @@ def _sampling(s: SamplingRows) -> dict:
 
 
 class _Binding:
-    """One graph at one batch size: its IOBinding, its input OrtValues and its output buffers."""
+    """One step graph at one batch size: its IOBinding, its input OrtValues and its output buffers."""
 
     def __init__(self, eng: OrtEngine, name: str, B: int, graph_id: int):
         ort = eng.ort
@@ -157,46 +177,51 @@ class _Binding:
         self.io = self.sess.io_binding()
         spec = eng.graphs[name]
         n_kv = 2 * eng.config.num_layers
-        small_in, small_out = spec["inputs"][:-n_kv], spec["outputs"][:-n_kv]
         dev = "cuda" if eng.device == "cuda" else "cpu"
+        self.on_cuda = dev == "cuda"
         cfg = eng.config
         kv_shape = [B, cfg.num_kv_heads, eng.cache_len, cfg.head_dim]
-        S = eng.cache_len
+
+        def value(host: np.ndarray):
+            if dev == "cuda":
+                return ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
+            return ort.OrtValue.ortvalue_from_numpy(host)
+
         for (i_name, _, _), (o_name, _, _), kv in zip(spec["inputs"][-n_kv:], spec["outputs"][-n_kv:], eng.kv):
-            for bind in (self.io.bind_input, self.io.bind_output):
-                bind(i_name if bind == self.io.bind_input else o_name, dev, 0, eng.kv_dtype, kv_shape, kv.data_ptr())
-        self.inputs = {}  # name -> (OrtValue, host staging array) for the small inputs, key_pos aside
-        for i_name, dtype, dims in small_in:
+            self.io.bind_input(i_name, dev, 0, eng.kv_dtype, kv_shape, kv.data_ptr())
+            self.io.bind_output(o_name, dev, 0, eng.kv_dtype, kv_shape, kv.data_ptr())
+        self.keep = []  # OrtValues bound once must outlive the binding
+        self.inputs = {}  # name -> (OrtValue, host staging array) for the step's small inputs, key_pos aside
+        for i_name, dtype, dims in spec["inputs"][:-n_kv]:
             if i_name == "key_pos":
                 continue
+            host = np.zeros([B if d == "B" else d for d in dims], np.dtype(dtype))
+            v = value(host)
+            self.io.bind_ortvalue_input(i_name, v)
+            self.inputs[i_name] = (v, host)
+        self.outputs = []  # (OrtValue, host view as torch) per step output, in the step's order
+        for o_name, dtype, dims in spec["outputs"][:-n_kv]:
             shape = [B if d == "B" else d for d in dims]
             host = np.zeros(shape, np.dtype(dtype))
-            value = ort.OrtValue.ortvalue_from_numpy(host, dev, 0) if dev == "cuda" else ort.OrtValue.ortvalue_from_numpy(host)
-            self.io.bind_ortvalue_input(i_name, value)
-            self.inputs[i_name] = (value, host)
-        self.outputs = []  # (OrtValue, host view as torch) per small output
-        for o_name, dtype, dims in small_out:
-            shape = [B if d == "B" else d for d in dims]
-            host = np.zeros(shape, np.dtype(dtype))
-            if dev == "cuda":
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0)
-            else:
-                value = ort.OrtValue.ortvalue_from_numpy(host)
-            self.io.bind_ortvalue_output(o_name, value)
-            self.outputs.append((value, torch.from_numpy(host)))
+            v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \
+                else value(host)
+            self.io.bind_ortvalue_output(o_name, v)
+            self.outputs.append((v, torch.from_numpy(host)))
         self.run_options = ort.RunOptions()
         if dev == "cuda":
             self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
-            self.key_pos = ort.OrtValue.ortvalue_from_numpy(eng.key_pos, "cuda", 0)
-            self.io.bind_ortvalue_input("key_pos", self.key_pos)
-        self.S = S
-        self.on_cuda = dev == "cuda"
+            self._bind_once("key_pos", eng.key_pos, value)  # full S: every replay has the same shapes
+
+    def _bind_once(self, name: str, host: np.ndarray, value) -> None:
+        v = value(host)
+        self.io.bind_ortvalue_input(name, v)
+        self.keep.append((v, host))
 
     def run(self, inputs: dict, kv_len: int) -> list[torch.Tensor]:
-        if set(inputs) != set(self.inputs):
-            raise AssertionError(f"{self.name}: inputs {sorted(inputs)} != graph inputs {sorted(self.inputs)}")
-        for name, t in inputs.items():
-            value, host = self.inputs[name]
+        missing = set(self.inputs) - set(inputs)  # (an input the step does not read was pruned by the export)
+        assert not missing, f"{self.name}: inputs {sorted(missing)} not given"
+        for name, (value, host) in self.inputs.items():
+            t = inputs[name]
             arr = t.numpy() if isinstance(t, torch.Tensor) else t
             if arr.shape != host.shape:
                 raise AssertionError(f"{self.name}: input {name} has shape {arr.shape}, the graph takes {host.shape}")
@@ -206,7 +231,9 @@ class _Binding:
                 np.copyto(host, arr, casting="same_kind")
         if not self.on_cuda:  # attention reads only the first kv_len cache positions
             self.io.bind_input("key_pos", "cpu", 0, np.int64, [kv_len], self.eng.key_pos.ctypes.data)
+        t0 = time.perf_counter()
         self.sess.run_with_iobinding(self.io, self.run_options)
+        self.eng.busy_s += time.perf_counter() - t0
         if self.on_cuda:
             return [torch.from_numpy(v.numpy()) for v, _ in self.outputs]
         return [t for _, t in self.outputs]

@@ -3,6 +3,8 @@ are tested against), or the same steps loaded from TorchScript (`torch.jit.load`
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -26,10 +28,18 @@ class TorchEngine:
         self.key_pos = torch.arange(cache_len, device=p.device)  # [S]; key_pos[:L] is a free view
         self.max_batch = max_batch
         self._steps: dict[str, torch.nn.Module] = {}
+        self.busy_s = 0.0  # seconds inside step calls (the benchmark's host-overhead split)
 
     def _kv(self, B: int) -> list[torch.Tensor]:
         assert B <= self.max_batch, f"batch {B} > max_batch {self.max_batch}"
         return [t[:B] for t in self.cache.keys + self.cache.values]
+
+    def _call(self, kind: str, k: int, sampling: bool, *inputs):
+        step = self._step(kind, k, sampling)
+        t0 = time.perf_counter()
+        out = step(*inputs, *self._kv(len(inputs[0])))
+        self.busy_s += time.perf_counter() - t0
+        return out
 
     def _step(self, kind: str, k: int = 0, sampling: bool = False):
         name = graph_name(kind, k, sampling)
@@ -44,13 +54,12 @@ class TorchEngine:
 
     @torch.inference_mode()
     def prefill(self, tokens, past_len, last_index, kv_len):
-        return self._step("prefill")(tokens, past_len, last_index, self.key_pos[:kv_len], *self._kv(len(tokens)))[0]
+        return self._call("prefill", 0, False, tokens, past_len, last_index, self.key_pos[:kv_len])[0]
 
     @torch.inference_mode()
     def draft(self, last_two, past_len, kv_len, k, sampling, u):
         s = () if sampling is None else (*sampling.as_tuple(), u)
-        out = self._step("draft", k, sampling is not None)(last_two, past_len, self.key_pos[:kv_len], *s,
-                                                           *self._kv(len(last_two)))
+        out = self._call("draft", k, sampling is not None, last_two, past_len, self.key_pos[:kv_len], *s)
         return out[0], (out[1] if sampling is not None else None)
 
     @torch.inference_mode()
@@ -61,8 +70,7 @@ class TorchEngine:
             if k > 0:
                 s += (q if q is not None or not self.fixed_shapes
                       else F.one_hot(tokens[:, 1:], self.vocab_size).float(),)
-        out = self._step("verify", k, sampling is not None)(tokens, draft_len, past_len, self.key_pos[:kv_len], *s,
-                                                            *self._kv(len(tokens)))
+        out = self._call("verify", k, sampling is not None, tokens, draft_len, past_len, self.key_pos[:kv_len], *s)
         return out[0], out[1], out[2]
 
 
@@ -80,6 +88,7 @@ class TorchScriptEngine(TorchEngine):
         self.key_pos = torch.arange(cache_len)
         self.max_batch = max_batch
         self.ks = ks
+        self.busy_s = 0.0
 
     def _step(self, kind, k=0, sampling=False):
         return getattr(self.module, graph_name(kind, k, sampling))

@@ -12,7 +12,7 @@ from ..errors import SpecExportError
 from ..models import ModelConfig, StaticKVDecoder
 from .manifest import read_manifest
 
-LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max")
+LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "prepack")
 
 
 def model_config(entry: dict) -> ModelConfig:
@@ -66,7 +66,8 @@ def open_engine_dir(path: str, backend: str, **options):
                 raise SpecExportError(f"this engine is {m['dtype']}; ONNX Runtime's CPU provider runs fp32 graphs: "
                                       "rebuild with --dtype fp32, or load with device='cuda' (onnxruntime-gpu)")
             from ..backends.ort_engine import OrtEngine
-            return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab)
+            return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab,
+                             prepack=options.get("prepack", False))
         if backend == "torchscript":
             if "torchscript" not in entry:
                 raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")

@@ -1,0 +1,63 @@
+"""`specexport inspect`: what an engine folder holds and the memory the pair needs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .manifest import read_manifest
+
+
+def describe(engine_dir: str) -> dict:
+    m = read_manifest(engine_dir)  # hashes checked too: inspect also tells whether the folder is intact
+    models = {}
+    for role, e in m["models"].items():
+        c = e["config"]
+        kv_item = np.dtype(e["kv_dtype"]).itemsize
+        kv_per_row = 2 * c["num_layers"] * c["num_kv_heads"] * m["cache_len"] * c["head_dim"] * kv_item
+        weights = m["files"][e["weights"]]["bytes"]
+        graphs = {name: {"file": g["file"], "bytes": m["files"][g["file"]]["bytes"],
+                         "inputs": [i for i in g["inputs"] if not i[0].startswith(("key.", "value."))],
+                         "outputs": [o for o in g["outputs"] if not o[0].startswith(("key_out.", "value_out."))]}
+                  for name, g in e["graphs"].items()}
+        models[role] = {"source": e["source"], "model_type": c["model_type"], "layers": c["num_layers"],
+                        "hidden": c["hidden_size"], "heads": f"{c['num_heads']}/{c['num_kv_heads']}x{c['head_dim']}",
+                        "vocab": c["vocab_size"], "weights_bytes": weights, "kv_bytes_per_row": kv_per_row,
+                        "kv_bytes_max_batch": kv_per_row * m["max_batch"],
+                        "kv_shape": [m["max_batch"], c["num_kv_heads"], m["cache_len"], c["head_dim"]],
+                        "torchscript": e.get("torchscript"), "graphs": graphs}
+    weights = sum(v["weights_bytes"] for v in models.values())
+    kv = sum(v["kv_bytes_max_batch"] for v in models.values())
+    return {"engine": str(engine_dir), "format_version": m["format_version"],
+            "specexport_version": m["specexport_version"], "versions": m.get("versions", {}), "dtype": m["dtype"],
+            "ks": m["ks"], "max_batch": m["max_batch"], "max_seq_len": m["max_seq_len"],
+            "prefill_chunk": m["prefill_chunk"], "cache_len": m["cache_len"], "drafter": m["drafter"],
+            "formats": m.get("formats", []), "vocab_size": m["vocab_size"], "eos_token_ids": m["eos_token_ids"],
+            "models": models, "files": {rel: f["bytes"] for rel, f in m["files"].items()},
+            "memory": {"weights_bytes": weights, "kv_bytes_max_batch": kv, "total_bytes": weights + kv}}
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def format_description(d: dict) -> str:
+    lines = [f"engine {d['engine']} (format {d['format_version']}, specexport {d['specexport_version']}, "
+             f"{', '.join(d['formats'])})",
+             f"  dtype {d['dtype']} | k {d['ks']} | max_batch {d['max_batch']} | max_seq_len {d['max_seq_len']} | "
+             f"prefill chunk {d['prefill_chunk']} | cache length S {d['cache_len']} | drafter {d['drafter']}",
+             f"  vocab {d['vocab_size']} | eos {d['eos_token_ids']}"]
+    for role, m in d["models"].items():
+        lines.append(f"{role}: {m['model_type']} from {m['source']}")
+        lines.append(f"  {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}, vocab {m['vocab']}; "
+                     f"weights {_mb(m['weights_bytes'])}; KV {m['kv_shape']} x {2 * m['layers']} = "
+                     f"{_mb(m['kv_bytes_max_batch'])} ({_mb(m['kv_bytes_per_row'])} per row)")
+        for name, g in m["graphs"].items():
+            ins = ", ".join(f"{n}{list(s)}" for n, _, s in g["inputs"])
+            outs = ", ".join(f"{n}{list(s)}" for n, _, s in g["outputs"])
+            lines.append(f"  {name:<18} {_mb(g['bytes']):>9}  ({ins}, kv) -> ({outs}, kv)")
+        if m["torchscript"]:
+            lines.append(f"  torchscript {m['torchscript']} ({_mb(d['files'][m['torchscript']])})")
+    mem = d["memory"]
+    lines.append(f"memory for the pair: weights {_mb(mem['weights_bytes'])} + KV at max_batch "
+                 f"{_mb(mem['kv_bytes_max_batch'])} = {_mb(mem['total_bytes'])}")
+    return "\n".join(lines)
