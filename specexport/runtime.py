@@ -117,6 +117,7 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.can_sample = True  # False for engines built greedy-only
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, **options) -> "SpeculativeDecoder":
@@ -143,7 +144,10 @@ class SpeculativeDecoder:
         ('cpu' or 'cuda' for onnxruntime), prepack (onnxruntime CPU: faster multi-token passes for about
         1.5x more weight memory), verify_hashes (default True), ngram_min / ngram_max (prompt lookup)."""
         from .export.loader import open_engine_dir
-        return cls(*open_engine_dir(engine_dir, backend, **options))
+        target, drafter, config, tokenizer, eos, source, can_sample = open_engine_dir(engine_dir, backend, **options)
+        dec = cls(target, drafter, config, tokenizer, eos, source)
+        dec.can_sample = can_sample
+        return dec
 
     # ---- public API ------------------------------------------------------------------------------
 
@@ -223,6 +227,9 @@ class SpeculativeDecoder:
             sampling = [sampling] * len(prompts)
         if len(sampling) != len(prompts):
             raise SpecExportError(f"{len(sampling)} SamplingParams for {len(prompts)} prompts: pass one, or one each")
+        if not self.can_sample and not all(s.greedy for s in sampling):
+            raise SpecExportError("this engine was built with --greedy-only, so it cannot sample (temperature > 0): "
+                                  "use temperature 0, or rebuild without --greedy-only")
         stop = self.eos_token_ids | frozenset(int(t) for t in stop_token_ids)
         reqs = []
         for i, (p, s) in enumerate(zip(prompts, sampling)):

@@ -22,7 +22,7 @@ from .. import __version__
 from ..config import PROMPT_LOOKUP, BuildConfig
 from ..drafters import load_draft
 from ..errors import SpecExportError
-from ..models import LoadedModel, load_model
+from ..models import LoadedModel, load_model, read_config, resolve_path
 from ..steps import graph_name
 from .manifest import MANIFEST, write_manifest
 from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, write_weights
@@ -64,6 +64,9 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     out = Path(cfg.out)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).exists():
         raise SpecExportError(f"--out {str(out)!r} exists and is not an engine folder: choose an empty or new path")
+    for spec, role in ((cfg.target, "target"), (cfg.draft, "draft")):  # bad paths fail before any stage starts
+        if spec != PROMPT_LOOKUP and not str(spec).startswith("quant:"):
+            read_config(resolve_path(spec, role))
     st = _Stages(progress)
 
     st.start("load", "loading the models and checking the pair")
@@ -155,7 +158,7 @@ def check_engine(out: Path, models: dict[str, LoadedModel], cfg: BuildConfig) ->
     drafter = (ModelDrafter(TorchEngine(models["draft"].model, 1, dec_cfg.cache_len, target_vocab=V), "draft")
                if "draft" in models else PromptLookupDrafter(dec_cfg.ngram_min, dec_cfg.ngram_max))
     ref = SpeculativeDecoder(ref_engine, drafter, dec_cfg)
-    prompt = [t % V for t in CHECK_PROMPT] * 2
+    prompt = ([t % V for t in CHECK_PROMPT] * 2)[:max(1, cfg.max_seq_len // 2)]  # repeats: lookup finds drafts
     n = min(16, cfg.max_seq_len - len(prompt))
     want = {k: ref.generate(prompt, n, k=k)[0].token_ids for k in cfg.ks}
     checked = []

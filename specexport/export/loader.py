@@ -34,7 +34,7 @@ def load_torch_model(root: Path, entry: dict, dtype: str, cache_len: int) -> Sta
 
 
 def open_engine_dir(path: str, backend: str, **options):
-    """-> (target engine, drafter, DecoderConfig, tokenizer, eos ids, source) for SpeculativeDecoder."""
+    """-> (target engine, drafter, DecoderConfig, tokenizer, eos ids, source, can_sample) for SpeculativeDecoder."""
     unknown = set(options) - set(LOAD_OPTIONS)
     if unknown:
         raise SpecExportError(f"unknown load option(s) {', '.join(sorted(unknown))}; known: {', '.join(LOAD_OPTIONS)}")
@@ -79,8 +79,10 @@ def open_engine_dir(path: str, backend: str, **options):
                                      getattr(torch, DTYPES[m["dtype"]]), ks)
         if backend == "torch":
             from ..backends.torch_engine import TorchEngine
-            return TorchEngine(load_torch_model(root, entry, m["dtype"], m["cache_len"]), max_batch, m["cache_len"],
-                               target_vocab=vocab)
+            eng = TorchEngine(load_torch_model(root, entry, m["dtype"], m["cache_len"]), max_batch, m["cache_len"],
+                              target_vocab=vocab)
+            eng.ks = ks  # the same k values as the engine's other backends
+            return eng
         raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch or torchscript")
 
     target = engine("target")
@@ -92,4 +94,4 @@ def open_engine_dir(path: str, backend: str, **options):
     if m.get("tokenizer"):
         from transformers import PreTrainedTokenizerFast
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(root / m["tokenizer"]))
-    return target, drafter, config, tokenizer, m["eos_token_ids"], str(root)
+    return target, drafter, config, tokenizer, m["eos_token_ids"], str(root), bool(m.get("sampling_graphs", True))

@@ -1,0 +1,35 @@
+"""Sampling through the ONNX Runtime engine (acceptance rule inside the graph) has the target's exact
+distribution: the chi-square test of tests/test_runtime_sampling.py, run on a built engine."""
+
+import pytest
+
+from specexport import SamplingParams, SpeculativeDecoder
+from specexport.config import BuildConfig
+from specexport.export.build import build
+from test_runtime_sampling import CASES, N, chi2_pvalue, exact_distribution, sample, small  # noqa: F401 (fixture)
+
+
+@pytest.fixture(scope="module")
+def engine(small, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("sampling") / "eng"
+    build(BuildConfig(target=small["target"], draft=small["draft"], ks=(2,), max_seq_len=16, max_batch=100,
+                      prefill_chunk=8, out=str(out)), progress=False)
+    return SpeculativeDecoder.load(str(out), backend="onnxruntime")
+
+
+@pytest.mark.parametrize("sp", [CASES[0], CASES[3]], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+def test_onnxruntime_samples_have_the_target_distribution(small, engine, sp):  # noqa: F811
+    samples = sample(engine, sp, N)
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
+    if sp.top_k == 0 and sp.top_p == 1.0:  # power: clearly not the draft's distribution
+        assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6
+
+
+def test_onnxruntime_target_only_sampling(small, engine):  # noqa: F811
+    sp = CASES[3]
+    samples = []
+    for start in range(0, N, 100):
+        params = [SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=start + i) for i in range(100)]
+        samples += [tuple(o.token_ids) for o in engine.generate([[1, 2, 3, 1, 2]] * 100, max_new_tokens=3,
+                                                                sampling=params, speculative=False)]
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3

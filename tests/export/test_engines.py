@@ -1,0 +1,75 @@
+"""Built engines give the same tokens on every backend as the eager torch runtime and transformers."""
+
+import pytest
+
+from helpers import FAMILIES, hf_greedy
+from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
+from test_runtime_greedy import NEW, PROMPTS
+
+BACKENDS = ("onnxruntime", "torch", "torchscript")
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tiny):
+    return {fam: [hf_greedy(tiny[fam]["hf"], p, NEW) for p in PROMPTS] for fam in FAMILIES}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_engine_equals_transformers_at_every_k(engines, hf_reference, family, backend):
+    dec = SpeculativeDecoder.load(engines[family], backend=backend)
+    assert dec.target.ks == (1, 3)
+    assert [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)] == hf_reference[family]
+    for k in (1, 3):
+        outs = dec.generate(PROMPTS, NEW, k=k)
+        assert [o.token_ids for o in outs] == hf_reference[family], f"k={k}"
+        assert 0 < sum(o.stats.accepted for o in outs) < sum(o.stats.drafted for o in outs)  # perturbed draft
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prompt_lookup_engine(engines, hf_reference, backend):
+    if backend == "torchscript":
+        with pytest.raises(SpecExportError, match="no TorchScript"):
+            SpeculativeDecoder.load(engines["lookup"], backend=backend)
+        return
+    dec = SpeculativeDecoder.load(engines["lookup"], backend=backend)
+    assert dec.drafter.name == "prompt-lookup"
+    assert [o.token_ids for o in dec.generate(PROMPTS, NEW)] == hf_reference["llama"]
+    with pytest.raises(SpecExportError, match="built with --greedy-only"):
+        dec.generate(PROMPTS[0], 4, sampling=SamplingParams(1.0))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_same_seed_same_tokens_on_torch_and_onnxruntime(engines, family):
+    decs = {b: SpeculativeDecoder.load(engines[family], backend=b) for b in BACKENDS}
+    sampling = [SamplingParams(0.9, top_k=20, top_p=0.9, seed=5), SamplingParams(), SamplingParams(1.2, seed=6)]
+    for k, speculative in ((1, True), (3, True), (3, False)):
+        got = {b: [o.token_ids for o in d.generate(PROMPTS, NEW, sampling=sampling, k=k, speculative=speculative)]
+               for b, d in decs.items()}
+        assert got["onnxruntime"] == got["torch"] == got["torchscript"], (k, speculative)
+        again = [o.token_ids for o in decs["onnxruntime"].generate(PROMPTS, NEW, sampling=sampling, k=k,
+                                                                   speculative=speculative)]
+        assert again == got["onnxruntime"]
+    other = [SamplingParams(0.9, top_k=20, top_p=0.9, seed=50), SamplingParams(), SamplingParams(1.2, seed=60)]
+    moved = [o.token_ids for o in decs["onnxruntime"].generate(PROMPTS, NEW, sampling=other, k=3)]
+    assert moved[0] != got["onnxruntime"][0] and moved[1] == got["onnxruntime"][1]
+
+
+def test_engine_streams_and_batches_like_the_eager_runtime(engines, tiny):
+    eager = SpeculativeDecoder.from_pretrained(tiny["mistral"]["target"], tiny["mistral"]["perturbed"], k=3,
+                                               max_seq_len=128, max_batch=4, prefill_chunk=16)
+    dec = SpeculativeDecoder.load(engines["mistral"])
+    ref = [o.token_ids for o in eager.generate(PROMPTS, NEW)]
+    streamed = {i: [] for i in range(len(PROMPTS))}
+    for ev in dec.stream(PROMPTS, NEW):
+        streamed[ev.index] += ev.token_ids
+    assert [streamed[i] for i in range(len(PROMPTS))] == ref
+    assert [dec.generate([p], NEW)[0].token_ids for p in PROMPTS] == ref  # batch 1 uses its own bindings
+
+
+def test_k_must_be_built(engines):
+    dec = SpeculativeDecoder.load(engines["qwen2"])
+    with pytest.raises(SpecExportError, match=r"k=2 has no graphs in this engine \(built: 1, 3\)"):
+        dec.generate(PROMPTS[0], 4, k=2)
+    with pytest.raises(SpecExportError, match="max_batch=9 exceeds"):
+        SpeculativeDecoder.load(engines["qwen2"], max_batch=9)
