@@ -1,9 +1,13 @@
 #!/usr/bin/env python
 """Side-by-side tokens/s on SmolLM2-135M: transformers generate (plain, prompt lookup) vs specexport
-(target-only, speculative with prompt lookup). All modes run in one process, alternating per prompt,
-warm-up excluded. Greedy, chat template, the prompts of ../shared/bench/prompts.jsonl.
+(target-only, speculative with prompt lookup) on the eager torch backend, and with --engine on a built engine
+folder's onnxruntime backend (and --prepack: the same with ORT weight pre-packing). All modes run in one
+process, alternating per prompt, warm-up excluded. Greedy, chat template, ../shared/bench/prompts.jsonl.
+Host share: the part of a generation's wall time spent outside engine calls.
 
     python tools/bench.py --per-category 1 --max-new-tokens 128 --dtype fp32 --out bench-results
+    specexport build --max-seq-len 1024 --max-batch 1 --out engines/smollm2 && \
+        python tools/bench.py --engine engines/smollm2 --prepack
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--engine", help="also run this engine folder on onnxruntime (built with max_batch >= 1)")
+    ap.add_argument("--prepack", action="store_true", help="with --engine: also onnxruntime with pre-packing")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args()
 
@@ -59,16 +65,28 @@ def main():
                               do_sample=False, **kw)
         return out[0, len(ids):].tolist(), None
 
-    def se_run(ids, speculative):
-        o = dec.generate(ids, max_new_tokens=a.max_new_tokens, speculative=speculative)[0]
+    def se_run(d, ids, speculative):
+        busy = d.target.busy_s
+        t0 = time.perf_counter()
+        o = d.generate(ids, max_new_tokens=a.max_new_tokens, speculative=speculative)[0]
+        wall = time.perf_counter() - t0
+        o.stats.host_share = 1 - (d.target.busy_s - busy) / wall  # prompt lookup runs on the host: counted in
         return o.token_ids, o.stats
 
     modes = {
         "hf_generate": lambda ids: hf_run(ids),
         "hf_prompt_lookup": lambda ids: hf_run(ids, prompt_lookup_num_tokens=a.k),
-        "se_target_only": lambda ids: se_run(ids, False),
-        "se_prompt_lookup": lambda ids: se_run(ids, True),
+        "se_target_only": lambda ids: se_run(dec, ids, False),
+        "se_prompt_lookup": lambda ids: se_run(dec, ids, True),
     }
+    if a.engine:
+        ort_dec = SpeculativeDecoder.load(a.engine, backend="onnxruntime", max_batch=1)
+        modes.update(ort_target_only=lambda ids: se_run(ort_dec, ids, False),
+                     ort_prompt_lookup=lambda ids: se_run(ort_dec, ids, True))
+        if a.prepack:
+            pp_dec = SpeculativeDecoder.load(a.engine, backend="onnxruntime", max_batch=1, prepack=True)
+            modes.update(ort_pp_target_only=lambda ids: se_run(pp_dec, ids, False),
+                         ort_pp_prompt_lookup=lambda ids: se_run(pp_dec, ids, True))
     warm = dec.encode("Say hello.", chat=True)
     for fn in modes.values():  # warm-up, excluded
         fn(warm)
@@ -84,12 +102,13 @@ def main():
             dt = time.perf_counter() - t0
             outs[name] = toks
             rec[name] = {"tokens": len(toks), "seconds": dt, "tokens_per_s": len(toks) / dt}
-            if st is not None and st.drafted:
+            if st is not None:
                 rec[name].update(acceptance_rate=st.acceptance_rate, mean_committed_per_step=st.mean_committed_per_step,
-                                 accept_hist=st.accept_hist, host_share=st.host_s / max(st.decode_s, 1e-9))
+                                 accept_hist=st.accept_hist, host_share=st.host_share)
         ref = outs["hf_generate"]
         rec["identical_to_hf_generate"] = {n: o == ref for n, o in outs.items()}
-        rec["speculative_identical_to_target_only"] = outs["se_prompt_lookup"] == outs["se_target_only"]
+        rec["speculative_identical_to_target_only"] = all(
+            outs[n] == outs[n.replace("prompt_lookup", "target_only")] for n in outs if n.endswith("prompt_lookup"))
         results.append(rec)
         print(json.dumps({k: (v if not isinstance(v, dict) else {kk: (round(vv, 3) if isinstance(vv, float) else vv)
                                                                   for kk, vv in v.items()}) for k, v in rec.items()}),
@@ -100,20 +119,22 @@ def main():
     (out / f"bench-{a.dtype}.json").write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
     cats = sorted({r["category"] for r in results})
     lines = [f"SmolLM2-135M-Instruct, {a.dtype}, greedy, chat template, max_new_tokens={a.max_new_tokens}, k={a.k}, "
-             f"{len(results)} prompts, batch 1, {torch.get_num_threads()} threads",
-             "", "| category | " + " | ".join(f"{m} tok/s" for m in modes) + " | se_target_only / hf_generate "
-             "| se_prompt_lookup / se_target_only | se_prompt_lookup / hf_prompt_lookup | acceptance | tokens/step |",
-             "|" + "---|" * (len(modes) + 6)]
+             f"{len(results)} prompts, batch 1, {torch.get_num_threads()} threads; tok/s are geometric means; "
+             "x: over se_target_only (eager torch, the same tokens); host: share of wall time outside engine calls",
+             "", "| category | " + " | ".join(modes) + " | acceptance (lookup) | tokens/step (lookup) |",
+             "|" + "---|" * (len(modes) + 3)]
     for c in cats + ["geomean (all)"]:
         sel = results if c.startswith("geomean") else [r for r in results if r["category"] == c]
         tps = {m: geomean([r[m]["tokens_per_s"] for r in sel]) for m in modes}
+        cells = []
+        for m in modes:
+            cell = f"{tps[m]:.1f} ({tps[m] / tps['se_target_only']:.2f}x"
+            if "host_share" in sel[0][m]:
+                cell += f", host {statistics.mean(r[m]['host_share'] for r in sel):.1%}"
+            cells.append(cell + ")")
         acc = [r["se_prompt_lookup"].get("acceptance_rate", 0) for r in sel]
         cps = [r["se_prompt_lookup"].get("mean_committed_per_step", 1) for r in sel]
-        lines.append(f"| {c} | " + " | ".join(f"{tps[m]:.1f}" for m in modes)
-                     + f" | {tps['se_target_only'] / tps['hf_generate']:.2f}x"
-                     + f" | {tps['se_prompt_lookup'] / tps['se_target_only']:.2f}x"
-                     + f" | {tps['se_prompt_lookup'] / tps['hf_prompt_lookup']:.2f}x"
-                     + f" | {statistics.mean(acc):.2f} | {statistics.mean(cps):.2f} |")
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {statistics.mean(acc):.2f} | {statistics.mean(cps):.2f} |")
     same = all(all(r["identical_to_hf_generate"].values()) for r in results)
     lossless = all(r["speculative_identical_to_target_only"] for r in results)
     lines += ["", f"specexport speculative tokens identical to specexport target-only: {lossless}",
