@@ -52,7 +52,10 @@ def _decoder(a):
         if a.target is not None or a.draft is not None or _shape_options(a):
             raise SpecExportError("an engine folder fixes the models and shapes: drop --target/--draft/--max-seq-len/"
                                   "--max-batch/--prefill-chunk/--dtype, or drop ENGINE_DIR to run checkpoints")
-        return SpeculativeDecoder.load(a.engine, backend=a.backend or "onnxruntime", threads=a.threads)
+        opts = {"prepack": True} if a.prepack else {}
+        return SpeculativeDecoder.load(a.engine, backend=a.backend or "onnxruntime", threads=a.threads, **opts)
+    if a.prepack:
+        raise SpecExportError("--prepack applies to onnxruntime engines: pass an ENGINE_DIR, or drop --prepack")
     if a.backend not in (None, "torch"):
         raise SpecExportError(f"--backend {a.backend} runs engine folders: build one with specexport build and pass "
                               "it as ENGINE_DIR")
@@ -77,8 +80,9 @@ def cmd_generate(a) -> int:
     dec = _decoder(a)
     load_s = time.perf_counter() - t0
     kw = dict(max_new_tokens=a.max_new_tokens, sampling=sp, chat=a.chat, k=a.k)
-    if a.compare:  # warm-up, excluded from the figures
-        dec.generate(a.prompt, **{**kw, "max_new_tokens": min(8, a.max_new_tokens)})
+    if a.compare:  # warm-up of both modes, excluded from the figures
+        for speculative in (True, False):
+            dec.generate(a.prompt, speculative=speculative, **{**kw, "max_new_tokens": min(8, a.max_new_tokens)})
     ids, text, stats = [], "", None
     if a.stream and not a.json:
         for ev in dec.stream(a.prompt, **kw):
@@ -161,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--k", type=int, default=None, help="draft tokens per step (an engine: one of its built k)")
     _add_shape_args(g)
     g.add_argument("--threads", type=int, default=None)
+    g.add_argument("--prepack", action="store_true",
+                   help="onnxruntime: pre-pack weights (faster multi-token passes, one more copy of the weights "
+                        "per step graph in memory)")
     _add_sampling_args(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="apply the target's chat template")
