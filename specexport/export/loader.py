@@ -33,6 +33,34 @@ def load_torch_model(root: Path, entry: dict, dtype: str, cache_len: int) -> Sta
     return model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False)
 
 
+def check_graphs(m: dict) -> None:
+    """Every graph the manifest's k values and modes call for is there, with the inputs and outputs (names and
+    batch-free shapes) this version of the runtime binds."""
+    from ..config import BuildConfig
+    from ..steps import io_names
+    from .build import graph_list
+    cfg = BuildConfig(ks=tuple(m["ks"]), sampling=m.get("sampling_graphs", True), max_seq_len=m["max_seq_len"],
+                      max_batch=m["max_batch"], prefill_chunk=m["prefill_chunk"], dtype=m["dtype"])
+    fix = "rebuild it with specexport build"
+    for role, entry in m["models"].items():
+        n = entry["config"]["num_layers"]
+        for name, kind, k, sampling in graph_list(role, cfg):
+            if "onnx" not in m.get("formats", ["onnx"]):
+                break
+            g = entry["graphs"].get(name)
+            if g is None:
+                raise SpecExportError(f"engine {role} has no {name} graph although it lists k={k}: {fix}")
+            want_in, want_out = io_names(kind, k, sampling, n)
+            got_in, got_out = [i[0] for i in g["inputs"]], [o[0] for o in g["outputs"]]
+            if [x for x in want_in if x in got_in] != got_in or got_out != want_out:  # (unused inputs are pruned)
+                raise SpecExportError(f"engine {role} graph {name} has inputs/outputs this specexport does not "
+                                      f"expect: {fix}")
+            T = {"prefill": m["prefill_chunk"], "draft": 2, "verify": k + 1}[kind]
+            if g["inputs"][0][2] != ["B", T]:
+                raise SpecExportError(f"engine {role} graph {name} takes {g['inputs'][0][2]} tokens, the manifest "
+                                      f"implies ['B', {T}]: {fix}")
+
+
 def open_engine_dir(path: str, backend: str, **options):
     """-> (target engine, drafter, DecoderConfig, tokenizer, eos ids, source, can_sample) for SpeculativeDecoder."""
     unknown = set(options) - set(LOAD_OPTIONS)
@@ -45,6 +73,7 @@ def open_engine_dir(path: str, backend: str, **options):
         raise SpecExportError(f"max_batch={max_batch} exceeds the engine's built max_batch={m['max_batch']}: "
                               "pass a smaller one or rebuild with a larger --max-batch")
     ks = tuple(m["ks"])
+    check_graphs(m)
     ngram = m.get("ngram", [1, 3])
     config = DecoderConfig(k=max(ks), max_seq_len=m["max_seq_len"], max_batch=max_batch,
                            prefill_chunk=m["prefill_chunk"], backend=backend, dtype=m["dtype"],

@@ -88,3 +88,19 @@ def test_out_must_be_an_engine_folder_or_new(tiny, tmp_path):
         build(BuildConfig(target=tiny["llama"]["target"], out=str(tmp_path), max_seq_len=64, max_batch=1,
                           prefill_chunk=8))
     assert (tmp_path / "mine.txt").read_text() == "precious"
+
+
+def test_graph_shapes_must_match_the_manifest(copy):
+    m = json.loads((copy / "manifest.json").read_text())
+    m["prefill_chunk"] = 32  # built with 16
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(SpecExportError, match=r"graph prefill takes \['B', 16\] tokens, the manifest implies"):
+        SpeculativeDecoder.load(str(copy))
+
+
+def test_missing_graph_for_a_listed_k(copy):
+    m = json.loads((copy / "manifest.json").read_text())
+    m["ks"] = [1, 2, 3]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(SpecExportError, match="engine target has no verify_k2_greedy graph although it lists k=2"):
+        SpeculativeDecoder.load(str(copy))
