@@ -46,8 +46,8 @@ class Proposal:
 class Drafter(Protocol):
     name: str
 
-    def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int) -> None:
-        """See prompt chunks as the target does ([B, C] at positions past_len + arange(C))."""
+    def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, kv_len: int, row0: int = 0) -> None:
+        """See prompt chunks as the target does ([B, C] at positions past_len + arange(C), rows row0..)."""
 
     def propose(self, x: DraftInputs, k: int) -> Proposal:
         """k tokens per row after the current token."""
@@ -65,8 +65,8 @@ class ModelDrafter:
         self.engine = engine
         self.name = name
 
-    def prefill(self, tokens, past_len, kv_len):
-        self.engine.prefill(tokens, past_len, torch.zeros_like(past_len), kv_len)
+    def prefill(self, tokens, past_len, kv_len, row0=0):
+        self.engine.prefill(tokens, past_len, torch.zeros_like(past_len), kv_len, row0)
 
     def propose(self, x: DraftInputs, k: int):
         B = x.last_two.shape[0]
@@ -83,7 +83,7 @@ class PromptLookupDrafter:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.name = PROMPT_LOOKUP
 
-    def prefill(self, tokens, past_len, kv_len):
+    def prefill(self, tokens, past_len, kv_len, row0=0):
         pass
 
     def lookup(self, seq: np.ndarray, k: int) -> np.ndarray:

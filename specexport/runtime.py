@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -86,12 +86,16 @@ class _Request:
     max_new_tokens: int
     sampling: SamplingParams
     stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...] = ()
+    decode: Callable[[list[int]], str] | None = None  # needed with stop strings
     out: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    text_end: int | None = None  # with a stop string: where it starts in the decoded output
     stats: GenerationStats = field(default_factory=GenerationStats)
 
     def commit(self, tokens: list[int]) -> list[int]:
-        """Append committed tokens up to a stop id or max_new_tokens; returns what was taken."""
+        """Append committed tokens up to a stop id, a stop string or max_new_tokens; returns what was taken."""
+        before = len(self.out)
         taken = []
         for t in tokens:
             taken.append(t)
@@ -102,8 +106,36 @@ class _Request:
             if len(self.out) >= self.max_new_tokens:
                 self.finish_reason = "length"
                 break
+        if self.stop_strings and self.finish_reason != "stop":
+            text = self.decode(self.out)
+            if any(s in text for s in self.stop_strings):  # keep the tokens up to the one completing it
+                for n in range(before + 1, len(self.out) + 1):
+                    text = self.decode(self.out[:n])
+                    hits = [text.find(s) for s in self.stop_strings if s in text]
+                    if hits:
+                        del self.out[n:]
+                        taken = taken[:n - before]
+                        self.finish_reason, self.text_end = "stop", min(hits)
+                        break
         self.stats.new_tokens = len(self.out)
         return taken
+
+    def visible_text(self, text: str) -> str:
+        """The text a client may see so far: cut at a stop string, and (while running) without a tail that
+        could still become one, or an incomplete UTF-8 character."""
+        if self.text_end is not None:
+            return text[:self.text_end]
+        if self.finish_reason:
+            return text
+        if text.endswith("\ufffd"):
+            text = text.rstrip("\ufffd")
+        hold = 0
+        for s in self.stop_strings:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        return text[:len(text) - hold]
 
 
 class SpeculativeDecoder:
@@ -154,30 +186,35 @@ class SpeculativeDecoder:
     def generate(self, prompts: Prompt | Sequence[Prompt], max_new_tokens: int = 128,
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None, speculative: bool = True,
                  chat: bool = False, stop_token_ids: Sequence[int] = (), k: int | None = None,
-                 ) -> list[GenerationOutput]:
-        """Generate for a batch of prompts (text or token ids); returns one output per prompt."""
-        reqs = self._prepare(prompts, max_new_tokens, sampling, chat, stop_token_ids)
+                 stop: Sequence[str] = ()) -> list[GenerationOutput]:
+        """Generate for a batch of prompts (text or token ids); returns one output per prompt.
+        stop: strings that end a generation (the text stops before them)."""
+        reqs = self._prepare(prompts, max_new_tokens, sampling, chat, stop_token_ids, stop)
         for _ in self._run(reqs, speculative, self._k(k)):
             pass
-        return [GenerationOutput(r.out, self._decode(r.out), r.finish_reason, r.stats) for r in reqs]
+        return [GenerationOutput(r.out, self._text(r), r.finish_reason, r.stats) for r in reqs]
 
     def stream(self, prompts: Prompt | Sequence[Prompt], max_new_tokens: int = 128,
                sampling: SamplingParams | Sequence[SamplingParams] | None = None, speculative: bool = True,
                chat: bool = False, stop_token_ids: Sequence[int] = (), k: int | None = None,
-               ) -> Iterator[StreamEvent]:
-        """Yield the tokens each step commits, per prompt, as they are committed."""
-        reqs = self._prepare(prompts, max_new_tokens, sampling, chat, stop_token_ids)
+               stop: Sequence[str] = ()) -> Iterator[StreamEvent]:
+        """Yield the tokens each step commits, per prompt, as they are committed (text held back while it
+        could still be the start of a stop string)."""
+        reqs = self._prepare(prompts, max_new_tokens, sampling, chat, stop_token_ids, stop)
+        index = {id(r): i for i, r in enumerate(reqs)}
         texts = [""] * len(reqs)
         for committed in self._run(reqs, speculative, self._k(k)):
-            for b, toks in committed:
-                r = reqs[b]
+            for r, toks in committed:
+                b = index[id(r)]
                 delta = ""
                 if self.tokenizer is not None:
-                    full = self._decode(r.out)
-                    if r.finish_reason or not full.endswith("\ufffd"):
-                        delta, texts[b] = full[len(texts[b]):], full
+                    shown = self._text(r)
+                    delta, texts[b] = shown[len(texts[b]):], shown
                 done = r.finish_reason is not None
                 yield StreamEvent(b, toks, delta, done, r.finish_reason, r.stats if done else None)
+
+    def _text(self, r: _Request) -> str | None:
+        return None if self.tokenizer is None else r.visible_text(self._decode(r.out))
 
     # ---- input checks ----------------------------------------------------------------------------
 
@@ -210,7 +247,7 @@ class SpeculativeDecoder:
             raise SpecExportError("chat=True needs text prompts, not token ids")
         return [int(t) for t in prompt]
 
-    def _prepare(self, prompts, max_new_tokens, sampling, chat, stop_token_ids) -> list[_Request]:
+    def _prepare(self, prompts, max_new_tokens, sampling, chat, stop_token_ids, stop=()) -> list[_Request]:
         single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))
         prompts = [prompts] if single else list(prompts)
         cfg, V = self.config, self.target.vocab_size
@@ -230,7 +267,11 @@ class SpeculativeDecoder:
         if not self.can_sample and not all(s.greedy for s in sampling):
             raise SpecExportError("this engine was built with --greedy-only, so it cannot sample (temperature > 0): "
                                   "use temperature 0, or rebuild without --greedy-only")
-        stop = self.eos_token_ids | frozenset(int(t) for t in stop_token_ids)
+        stop_ids = self.eos_token_ids | frozenset(int(t) for t in stop_token_ids)
+        stop = tuple(stop)
+        if stop and (self.tokenizer is None or not all(isinstance(s, str) and s for s in stop)):
+            raise SpecExportError("stop strings need non-empty strings and a model with a tokenizer; "
+                                  "use stop_token_ids for ids-only models")
         reqs = []
         for i, (p, s) in enumerate(zip(prompts, sampling)):
             ids = self.encode(p, chat)
@@ -244,134 +285,210 @@ class SpeculativeDecoder:
                     f"prompt {i} has {len(ids)} tokens and max_new_tokens={max_new_tokens}: "
                     f"{len(ids) + max_new_tokens} > max_seq_len={cfg.max_seq_len}; shorten the prompt, lower "
                     "max_new_tokens, or use a larger max_seq_len")
-            reqs.append(_Request(ids, max_new_tokens, s, stop))
+            reqs.append(_Request(ids, max_new_tokens, s, stop_ids, stop, self._decode))
         return reqs
 
     # ---- the loop --------------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def _run(self, reqs: list[_Request], speculative: bool, k: int) -> Iterator[list[tuple[int, list[int]]]]:
-        """Yields, per step, [(row, committed tokens)] for the rows that committed something."""
-        B = len(reqs)
-        speculative = speculative and self.drafter is not None
-        gens = [torch.Generator().manual_seed(r.sampling.seed) for r in reqs]
-        greedy = torch.tensor([r.sampling.greedy for r in reqs])  # [B] bool
-        all_greedy = bool(greedy.all())
-        sampling = None if all_greedy else SamplingRows(
-            torch.tensor([r.sampling.temperature if not r.sampling.greedy else 1.0 for r in reqs]),  # [B]
-            torch.tensor([r.sampling.top_k for r in reqs], dtype=torch.long),  # [B]
-            torch.tensor([r.sampling.top_p for r in reqs]),  # [B]
-            greedy)
-        history = np.zeros((B, self.config.max_seq_len), dtype=np.int64)  # [B, max_seq_len] committed tokens
-        lengths = [len(r.ids) for r in reqs]
-        for b, r in enumerate(reqs):
-            history[b, :lengths[b]] = r.ids
-            r.stats = GenerationStats(k=k if speculative else 0, prompt_tokens=lengths[b], accept_hist=[0] * (k + 1))
+    def _run(self, reqs: list[_Request], speculative: bool, k: int) -> Iterator[list[tuple[_Request, list[int]]]]:
+        """A fixed batch: admit every request, then step until all are done (yields each step's events)."""
+        batch = Batch(self, speculative, k)
+        yield batch.admit(list(range(len(reqs))), reqs)
+        while batch.rows():
+            yield batch.step()
 
-        def uniforms(n: int) -> torch.Tensor:  # [B, n], each row from its own seeded stream
-            if all_greedy:  # greedy reads no randomness
-                return torch.zeros(B, n)
-            return torch.stack([torch.rand(n, generator=g) for g in gens])
 
-        def pick(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, V], [B] -> [B]
-            top = logits.argmax(-1)
-            if sampling is None:
-                return top
-            probs = process_logits(logits[:, None], *sampling.as_tuple()[:3])[:, 0]
-            return torch.where(greedy, top, sample_from(probs, u))
+class Batch:
+    """The engines' cache rows, each holding one request at its own position.
 
-        # Prefill: both models see the prompts in chunks of C (padded to C for fixed-shape engines; padding
-        # writes only beyond a row's end, where nothing reads it).
+    Requests join with `admit` (prefilled in their own rows) and leave when they finish, both at step
+    boundaries; `step` is the hot loop: draft, verify, commit, advance over rows 0..hi-1, where hi is one past
+    the highest occupied row (a free row in between computes padding that nothing reads). Only the committed
+    tokens cross to the host (one `.tolist()` per step).
+    """
+
+    def __init__(self, dec: SpeculativeDecoder, speculative: bool, k: int):
+        cfg = dec.config
+        W = cfg.max_batch
+        self.dec, self.k, self.C = dec, k, cfg.prefill_chunk
+        self.speculative = speculative and dec.drafter is not None
+        self.reqs: list[_Request | None] = [None] * W
+        self.gens: list[torch.Generator | None] = [None] * W
+        self.history = np.zeros((W, cfg.max_seq_len), dtype=np.int64)  # [W, max_seq_len] committed tokens
+        self.lengths = [0] * W  # valid history per row (the current token included)
+        # [W]: the current token's position; a free row sits at 1, so its padding passes (the draft re-reads
+        # position past_len - 1) stay inside its own cache row and attend at least one finite position
+        self.past_len = torch.ones(W, dtype=torch.long)
+        self.prev = torch.zeros(W, dtype=torch.long)  # [W]: the token before the current one
+        self.current = torch.zeros(W, dtype=torch.long)  # [W]: the last committed token, not yet in any cache
+        self.temperature = torch.ones(W)  # [W] sampling parameters per row (free and greedy rows: 1)
+        self.top_k = torch.zeros(W, dtype=torch.long)
+        self.top_p = torch.ones(W)
+        self.greedy = torch.ones(W, dtype=torch.bool)
+
+    def rows(self) -> list[int]:
+        return [b for b, r in enumerate(self.reqs) if r is not None]
+
+    def free_rows(self) -> list[int]:
+        return [b for b, r in enumerate(self.reqs) if r is None]
+
+    def _sampling(self, rows: list[int], B: int) -> SamplingRows | None:
+        if all(self.reqs[b].sampling.greedy for b in rows):
+            return None
+        return SamplingRows(self.temperature[:B], self.top_k[:B], self.top_p[:B], self.greedy[:B])
+
+    def _uniforms(self, rows: list[int], B: int, n: int, sampling) -> torch.Tensor:  # [B, n], per-row streams
+        u = torch.zeros(B, n)
+        if sampling is not None:  # greedy reads no randomness
+            for b in rows:
+                u[b] = torch.rand(n, generator=self.gens[b])
+        return u
+
+    def _release(self, b: int) -> None:
+        self.reqs[b] = self.gens[b] = None
+        self.lengths[b] = 0
+        self.past_len[b] = 1
+        self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = 1.0, 0, 1.0, True
+
+    def admit(self, rows: list[int], reqs: list[_Request]) -> list[tuple[_Request, list[int]]]:
+        """Prefill each request in its row (contiguous rows together) and commit its first token."""
+        assert len(rows) == len(reqs) and all(self.reqs[b] is None for b in rows)
+        for b, r in zip(rows, reqs):
+            n = len(r.ids)
+            self.reqs[b], self.gens[b] = r, torch.Generator().manual_seed(r.sampling.seed)
+            self.history[b, :n] = r.ids
+            self.lengths[b] = n
+            sp = r.sampling
+            self.temperature[b] = 1.0 if sp.greedy else sp.temperature
+            self.top_k[b], self.top_p[b], self.greedy[b] = sp.top_k, sp.top_p, sp.greedy
+            r.stats = GenerationStats(k=self.k if self.speculative else 0, prompt_tokens=n,
+                                      accept_hist=[0] * (self.k + 1))
+        events = []
+        for run in _contiguous(sorted(rows)):
+            events += self._prefill(run)
+        return events
+
+    def _prefill(self, run: list[int]) -> list[tuple[_Request, list[int]]]:
+        # Prompts in chunks of C (padded to C for fixed-shape engines: padding writes only beyond a row's end,
+        # where nothing reads it), both models, rows run[0].. of the caches.
+        dec, C, row0, B = self.dec, self.C, run[0], len(run)
         t0 = time.perf_counter()
-        C = self.config.prefill_chunk
-        last_logits = torch.empty(B, self.target.vocab_size)  # [B, V] at each prompt's last token
+        lengths = [self.lengths[b] for b in run]
+        last_logits = torch.empty(B, dec.target.vocab_size)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
-            chunk = torch.from_numpy(history[:, start:start + C].copy())  # [B, <=C]
-            if chunk.shape[1] < C and self.target.fixed_shapes:
+            chunk = torch.from_numpy(self.history[run[0]:run[-1] + 1, start:start + C].copy())  # [B, <=C]
+            if chunk.shape[1] < C and dec.target.fixed_shapes:
                 chunk = torch.nn.functional.pad(chunk, (0, C - chunk.shape[1]))
             past = torch.full((B,), start, dtype=torch.long)
             last = torch.tensor([min(max(n - 1 - start, 0), chunk.shape[1] - 1) for n in lengths])
-            kv_len = min(start + chunk.shape[1], self.config.cache_len)
-            logits = self.target.prefill(chunk, past, last, kv_len)  # [B, V]
+            kv_len = min(start + chunk.shape[1], dec.config.cache_len)
+            logits = dec.target.prefill(chunk, past, last, kv_len, row0)  # [B, V]
             ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
-            if speculative:
-                self.drafter.prefill(chunk, past, kv_len)
-        current = pick(last_logits, uniforms(1)[:, 0])  # [B]
+            if self.speculative:
+                dec.drafter.prefill(chunk, past, kv_len, row0)
+        # the first token, from the prefill logits, with each row's own sampling
+        sampling = self._sampling(run, row0 + B)
+        u = self._uniforms(run, row0 + B, 1, sampling)[row0:, 0]  # [B]
+        first = last_logits.argmax(-1)
+        if sampling is not None:
+            sel = slice(row0, row0 + B)
+            probs = process_logits(last_logits[:, None], self.temperature[sel], self.top_k[sel], self.top_p[sel])[:, 0]
+            first = torch.where(self.greedy[sel], first, sample_from(probs, u))
+        first = first.tolist()
         prefill_s = time.perf_counter() - t0
-        first = current.tolist()
-        for b, r in enumerate(reqs):
+        events = []
+        for b, tok in zip(run, first):
+            r = self.reqs[b]
             r.stats.prefill_s = prefill_s
-            r.commit([first[b]])
-            history[b, lengths[b]] = first[b]
-            lengths[b] += 1
-        yield [(b, [first[b]]) for b in range(B)]
+            self.past_len[b] = self.lengths[b]
+            self.prev[b] = r.ids[-1]
+            self.current[b] = tok
+            self.history[b, self.lengths[b]] = tok
+            self.lengths[b] += 1
+            events.append((r, r.commit([tok])))
+            if r.finish_reason is not None:
+                self._release(b)
+        return events
 
-        past_len = torch.tensor([len(r.ids) for r in reqs])  # [B]: the current token's position
-        prev = torch.tensor([r.ids[-1] for r in reqs])  # [B]: the token before the current one
-        active = [r.finish_reason is None for r in reqs]
-        while any(active):
-            t0 = time.perf_counter()
-            past_host = [n - 1 for n in lengths]  # == past_len, known on the host without a sync
-            # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
-            u = uniforms(2 * k + 1 if speculative else 1)  # [B, 2k+1]: draft | accept | next
-            longest = 0
-            if speculative:
-                x = DraftInputs(torch.stack([prev, current], 1), past_len, max(past_host) + k + 1, history,
-                                lengths, sampling, u[:, :k])
-                prop = self.drafter.propose(x, k)
-                draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
-                if not self.target.fixed_shapes and 0 < longest < k:  # eager: verify only what was proposed
-                    draft, q = draft[:, :longest], (q[:, :longest] if q is not None else None)
-            t1 = time.perf_counter()
-            # 2. Verify: one target pass over [current, d1..dk] -> n_accepted [B], next [B], committed [B, kd+1].
-            if longest > 0:
-                kd = draft.shape[1]
-                u_verify = torch.cat([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
-                n_acc, nxt, committed = self.target.verify(torch.cat([current[:, None], draft], 1), draft_len,
-                                                           past_len, max(past_host) + kd + 1, kd, sampling,
-                                                           u_verify, q)
-            else:  # target-only step (or no row had a proposal)
-                n_acc, nxt, committed = self.target.verify(current[:, None], torch.zeros(B, dtype=torch.long),
-                                                           past_len, max(past_host) + 1, 0, sampling, u[:, -1:], None)
-                draft = None
-            t2 = time.perf_counter()
-            # 3. Commit: the one host sync per step.
-            drafted = draft_len if draft is not None else torch.zeros(B, dtype=torch.long)
-            rows = torch.cat([drafted[:, None], committed], 1).tolist()  # [B, 1 + kd+1]: drafted | committed
-            events = []
-            for b, r in enumerate(reqs):
-                if not active[b]:
-                    continue
-                toks = [t for t in rows[b][1:] if t >= 0]
-                n = len(toks) - 1
-                st = r.stats
-                st.steps += 1
-                st.drafted += rows[b][0]
-                st.accepted += n
-                st.accept_hist[n] += 1
-                taken = r.commit(toks)
-                history[b, lengths[b]:lengths[b] + len(taken)] = taken
-                lengths[b] += len(taken)
-                events.append((b, taken))
-            # 4. Advance: past_len moves past the committed tokens (rollback is not moving it further);
-            #    finished rows stay frozen.
-            was_active = torch.tensor(active)
-            if draft is not None:
-                last_acc = draft.gather(1, (n_acc - 1).clamp_min(0)[:, None])[:, 0]
-                new_prev = torch.where(n_acc > 0, last_acc, current)
-            else:
-                new_prev = current
-            past_len = torch.where(was_active, past_len + n_acc + 1, past_len)
-            prev = torch.where(was_active, new_prev, prev)
-            current = torch.where(was_active, nxt, current)
-            active = [r.finish_reason is None for r in reqs]
-            t3 = time.perf_counter()
-            for b, _ in events:
-                reqs[b].stats.draft_s += t1 - t0
-                reqs[b].stats.verify_s += t2 - t1
-                reqs[b].stats.host_s += t3 - t2
-            yield events
+    @torch.inference_mode()
+    def step(self) -> list[tuple[_Request, list[int]]]:
+        """One speculative (or target-only) step for every occupied row; returns [(request, taken tokens)]."""
+        dec, k, speculative = self.dec, self.k, self.speculative
+        rows = self.rows()
+        if not rows:
+            return []
+        B = rows[-1] + 1
+        t0 = time.perf_counter()
+        sampling = self._sampling(rows, B)
+        past_len, current = self.past_len[:B], self.current[:B]
+        past_max = max(self.lengths[b] - 1 for b in rows)  # == max(past_len), known on the host without a sync
+        # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
+        u = self._uniforms(rows, B, 2 * k + 1 if speculative else 1, sampling)  # [B, 2k+1]: draft | accept | next
+        longest = 0
+        if speculative:
+            x = DraftInputs(torch.stack([self.prev[:B], current], 1), past_len, past_max + k + 1, self.history[:B],
+                            self.lengths[:B], sampling, u[:, :k])
+            prop = dec.drafter.propose(x, k)
+            draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
+            if not dec.target.fixed_shapes and 0 < longest < k:  # eager: verify only what was proposed
+                draft, q = draft[:, :longest], (q[:, :longest] if q is not None else None)
+        t1 = time.perf_counter()
+        # 2. Verify: one target pass over [current, d1..dk] -> n_accepted [B], next [B], committed [B, kd+1].
+        if longest > 0:
+            kd = draft.shape[1]
+            u_verify = torch.cat([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
+            n_acc, nxt, committed = dec.target.verify(torch.cat([current[:, None], draft], 1), draft_len, past_len,
+                                                      past_max + kd + 1, kd, sampling, u_verify, q)
+        else:  # target-only step (or no row had a proposal)
+            n_acc, nxt, committed = dec.target.verify(current[:, None], torch.zeros(B, dtype=torch.long), past_len,
+                                                      past_max + 1, 0, sampling, u[:, -1:], None)
+            draft = None
+        t2 = time.perf_counter()
+        # 3. Commit: the one host sync per step.
+        drafted = draft_len if draft is not None else torch.zeros(B, dtype=torch.long)
+        host = torch.cat([drafted[:, None], committed], 1).tolist()  # [B, 1 + kd+1]: drafted | committed
+        events = []
+        for b in rows:
+            r = self.reqs[b]
+            toks = [t for t in host[b][1:] if t >= 0]
+            n = len(toks) - 1
+            st = r.stats
+            st.steps += 1
+            st.drafted += host[b][0]
+            st.accepted += n
+            st.accept_hist[n] += 1
+            taken = r.commit(toks)
+            self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
+            self.lengths[b] += len(taken)
+            events.append((r, taken))
+        # 4. Advance: past_len moves past the committed tokens (rollback is not moving it further).
+        if draft is not None:
+            last_acc = draft.gather(1, (n_acc - 1).clamp_min(0)[:, None])[:, 0]
+            self.prev[:B] = torch.where(n_acc > 0, last_acc, current)
+        else:
+            self.prev[:B] = current
+        self.past_len[:B] = past_len + n_acc + 1
+        self.current[:B] = nxt
+        t3 = time.perf_counter()
+        for r, _ in events:
+            r.stats.draft_s += t1 - t0
+            r.stats.verify_s += t2 - t1
+            r.stats.host_s += t3 - t2
+        for b in rows:
+            if self.reqs[b].finish_reason is not None:
+                self._release(b)
+        return events
+
+
+def _contiguous(rows: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for b in rows:
+        if runs and runs[-1][-1] == b - 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
 
 
 def _decoder_config(options: dict) -> DecoderConfig:

@@ -1,7 +1,8 @@
 """Engines: one model's compiled steps (steps.py) over its own static KV buffers.
 
 The runtime only talks to this protocol, so the torch, TorchScript and onnxruntime engines are
-interchangeable. A call with batch B uses rows 0..B-1 of the engine's caches. Outputs of fixed-shape
+interchangeable. A call with batch B uses rows row0..row0+B-1 of the engine's caches (row0 = 0 for a
+step over the whole batch; a request joining a running batch is prefilled in its own row). Outputs of fixed-shape
 engines may be views of the engine's own buffers: read them before the next call of the same step.
 """
 
@@ -22,7 +23,7 @@ class Engine(Protocol):
     ks: tuple[int, ...] | None  # the k values with draft/verify graphs (None: any k, eager)
 
     def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, last_index: torch.Tensor,
-                kv_len: int) -> torch.Tensor:
+                kv_len: int, row0: int = 0) -> torch.Tensor:
         """tokens [B, C] at positions past_len + arange(C) -> logits [B, V] at last_index [B]."""
 
     def draft(self, last_two: torch.Tensor, past_len: torch.Tensor, kv_len: int, k: int,

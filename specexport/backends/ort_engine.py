@@ -129,22 +129,21 @@ class OrtEngine:
             self._weight_values[name] = self.ort.OrtValue.ortvalue_from_numpy(self._weights[name])
         return self._weight_values[name]
 
-    def _binding(self, name: str, B: int) -> "_Binding":
-        key = (name, B)
+    def _binding(self, name: str, B: int, row0: int = 0) -> "_Binding":
+        key = (name, B, row0)
         if key not in self._bindings:
-            assert B <= self.max_batch, f"batch {B} > max_batch {self.max_batch}"
-            self._bindings[key] = _Binding(self, name, B, graph_id=len(self._bindings) + 1)
+            assert row0 + B <= self.max_batch, f"rows {row0}..{row0 + B - 1} exceed max_batch {self.max_batch}"
+            self._bindings[key] = _Binding(self, name, B, row0, graph_id=len(self._bindings) + 1)
         return self._bindings[key]
 
-    def _run(self, name: str, B: int, inputs: dict, kv_len: int) -> list[torch.Tensor]:
-        b = self._binding(name, B)
-        return b.run(inputs, kv_len)
+    def _run(self, name: str, B: int, inputs: dict, kv_len: int, row0: int = 0) -> list[torch.Tensor]:
+        return self._binding(name, B, row0).run(inputs, kv_len)
 
     # ---- the Engine protocol -------------------------------------------------------------------
 
-    def prefill(self, tokens, past_len, last_index, kv_len):
+    def prefill(self, tokens, past_len, last_index, kv_len, row0=0):
         return self._run("prefill", len(tokens), dict(tokens=tokens, past_len=past_len, last_index=last_index),
-                         kv_len)[0]
+                         kv_len, row0)[0]
 
     def draft(self, last_two, past_len, kv_len, k, sampling, u):
         ins = dict(last_two=last_two, past_len=past_len)
@@ -170,7 +169,7 @@ def _sampling(s: SamplingRows) -> dict:
 class _Binding:
     """One step graph at one batch size: its IOBinding, its input OrtValues and its output buffers."""
 
-    def __init__(self, eng: OrtEngine, name: str, B: int, graph_id: int):
+    def __init__(self, eng: OrtEngine, name: str, B: int, row0: int, graph_id: int):
         ort = eng.ort
         self.eng, self.name, self.B = eng, name, B
         self.sess = eng.session(name)
@@ -187,9 +186,11 @@ class _Binding:
                 return ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
             return ort.OrtValue.ortvalue_from_numpy(host)
 
+        row_bytes = int(np.prod(kv_shape[1:])) * eng.kv_dtype.itemsize  # rows row0.. of [max_batch, Hkv, S, D]
         for (i_name, _, _), (o_name, _, _), kv in zip(spec["inputs"][-n_kv:], spec["outputs"][-n_kv:], eng.kv):
-            self.io.bind_input(i_name, dev, 0, eng.kv_dtype, kv_shape, kv.data_ptr())
-            self.io.bind_output(o_name, dev, 0, eng.kv_dtype, kv_shape, kv.data_ptr())
+            ptr = kv.data_ptr() + row0 * row_bytes
+            self.io.bind_input(i_name, dev, 0, eng.kv_dtype, kv_shape, ptr)
+            self.io.bind_output(o_name, dev, 0, eng.kv_dtype, kv_shape, ptr)
         self.keep = []  # OrtValues bound once must outlive the binding
         self.inputs = {}  # name -> (OrtValue, host staging array) for the step's small inputs, key_pos aside
         for i_name, dtype, dims in spec["inputs"][:-n_kv]:

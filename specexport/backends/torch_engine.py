@@ -30,14 +30,14 @@ class TorchEngine:
         self._steps: dict[str, torch.nn.Module] = {}
         self.busy_s = 0.0  # seconds inside step calls (the benchmark's host-overhead split)
 
-    def _kv(self, B: int) -> list[torch.Tensor]:
-        assert B <= self.max_batch, f"batch {B} > max_batch {self.max_batch}"
-        return [t[:B] for t in self.cache.keys + self.cache.values]
+    def _kv(self, B: int, row0: int = 0) -> list[torch.Tensor]:
+        assert row0 + B <= self.max_batch, f"rows {row0}..{row0 + B - 1} exceed max_batch {self.max_batch}"
+        return [t[row0:row0 + B] for t in self.cache.keys + self.cache.values]
 
-    def _call(self, kind: str, k: int, sampling: bool, *inputs):
+    def _call(self, kind: str, k: int, sampling: bool, *inputs, row0: int = 0):
         step = self._step(kind, k, sampling)
         t0 = time.perf_counter()
-        out = step(*inputs, *self._kv(len(inputs[0])))
+        out = step(*inputs, *self._kv(len(inputs[0]), row0))
         self.busy_s += time.perf_counter() - t0
         return out
 
@@ -53,8 +53,8 @@ class TorchEngine:
         return self._steps[name]
 
     @torch.inference_mode()
-    def prefill(self, tokens, past_len, last_index, kv_len):
-        return self._call("prefill", 0, False, tokens, past_len, last_index, self.key_pos[:kv_len])[0]
+    def prefill(self, tokens, past_len, last_index, kv_len, row0=0):
+        return self._call("prefill", 0, False, tokens, past_len, last_index, self.key_pos[:kv_len], row0=row0)[0]
 
     @torch.inference_mode()
     def draft(self, last_two, past_len, kv_len, k, sampling, u):
