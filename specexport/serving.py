@@ -1,0 +1,114 @@
+"""Continuous batching for services: concurrent requests share one SpeculativeDecoder.
+
+A request joins the running batch at a step boundary, prefilled in a free cache row at its own position;
+a finished request frees its row for the next waiting one. The waiting queue is bounded: `submit` blocks
+while it is full (back-pressure), so a request over capacity waits and never fails for lack of room.
+One thread owns the engines; callbacks run on it and must be quick (hand the data to a sender).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .config import SamplingParams
+from .errors import SpecExportError
+from .runtime import Batch, GenerationStats, SpeculativeDecoder, _Request
+
+
+@dataclass
+class Chunk:
+    """What one step added to one request."""
+
+    token_ids: list[int]
+    text: str  # the visible text those tokens add (stop strings and incomplete characters held back)
+    finished: bool
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None  # on the final chunk
+    error: str | None = None  # the engine failed while this request ran (it is finished)
+
+
+class ContinuousBatcher:
+    def __init__(self, dec: SpeculativeDecoder, speculative: bool = True, k: int | None = None,
+                 max_waiting: int = 256):
+        self.dec = dec
+        self.k = dec._k(k)
+        self.speculative = speculative
+        self.batch = Batch(dec, speculative, self.k)
+        self.waiting: queue.Queue = queue.Queue(maxsize=max_waiting)
+        self._texts: dict[int, str] = {}
+        self._callbacks: dict[int, Callable[[Chunk], None]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="specexport-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt, on_chunk: Callable[[Chunk], None], max_new_tokens: int = 128,
+               sampling: SamplingParams | None = None, chat: bool = False, stop: Sequence[str] = (),
+               stop_token_ids: Sequence[int] = ()) -> None:
+        """Check the request (a bad one raises SpecExportError here, before it queues), then queue it."""
+        if not self._thread.is_alive():
+            raise SpecExportError("the batcher has stopped: restart the model")
+        req = self.dec._prepare([prompt], max_new_tokens, sampling, chat, stop_token_ids, stop)[0]
+        self.waiting.put((req, on_chunk))  # blocks while the queue is full
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    # ---- the serving thread --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._admit()
+                if not self.batch.rows():
+                    continue
+                self._dispatch(self.batch.step())
+            except Exception as e:  # an engine failure: fail the running requests, keep serving the others
+                self._fail_all(f"{type(e).__name__}: {e}")
+
+    def _admit(self) -> None:
+        free = self.batch.free_rows()
+        new: list[tuple[_Request, Callable]] = []
+        block = not self.batch.rows()  # idle: wait for work instead of spinning
+        while len(new) < len(free):
+            try:
+                new.append(self.waiting.get(block=block and not new, timeout=0.05))
+            except queue.Empty:
+                break
+        if not new:
+            return
+        for req, cb in new:
+            self._callbacks[id(req)] = cb
+            self._texts[id(req)] = ""
+        self._dispatch(self.batch.admit(free[:len(new)], [r for r, _ in new]))
+
+    def _dispatch(self, events: list[tuple[_Request, list[int]]]) -> None:
+        for req, taken in events:
+            key = id(req)
+            text = ""
+            if self.dec.tokenizer is not None:
+                shown = req.visible_text(self.dec._decode(req.out))
+                text, self._texts[key] = shown[len(self._texts[key]):], shown
+            done = req.finish_reason is not None
+            cb = self._callbacks[key] if not done else self._callbacks.pop(key)
+            if done:
+                self._texts.pop(key, None)
+            try:
+                cb(Chunk(taken, text, done, req.finish_reason, req.stats if done else None))
+            except Exception:  # a client's callback must not take the batch down
+                pass
+
+    def _fail_all(self, message: str) -> None:
+        for b in self.batch.rows():
+            req = self.batch.reqs[b]
+            cb = self._callbacks.pop(id(req), None)
+            self._texts.pop(id(req), None)
+            self.batch._release(b)
+            if cb is not None:
+                try:
+                    cb(Chunk([], "", True, "error", req.stats, error=message))
+                except Exception:
+                    pass
