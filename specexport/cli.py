@@ -1,4 +1,4 @@
-"""Command line: `specexport build | generate | inspect`.
+"""Command line: `specexport build | generate | inspect | triton | serve`.
 
 Defaults come from the dataclasses in config.py. User errors print one line and exit 2, no traceback.
 """
@@ -127,10 +127,35 @@ def cmd_build(a) -> int:
     cfg = BuildConfig(target=a.target, draft=a.draft, ks=_parse_ks(a.k), formats=formats,
                       sampling=not a.greedy_only, out=a.out, **_shape_options(a))
     summary = build(cfg, progress=not a.json)
+    if a.triton_repo:
+        from .triton.repository import write_repository
+        summary["triton"] = write_repository(summary["out"], a.triton_repo)
     if a.json:
         print(json.dumps(summary, indent=2))
     else:
         print(f"engine written to {summary['out']} ({summary['graphs']} graphs, {summary['total_bytes'] / 1e6:.1f} MB)")
+    return 0
+
+
+def cmd_triton(a) -> int:
+    from .triton.repository import write_repository
+    out = write_repository(a.engine, a.repo, name=a.name, instances=a.instances, max_batch=a.max_batch,
+                           backend=a.backend, threads=a.threads, speculative=not a.target_only, k=a.k,
+                           prepack=a.prepack, standalone=a.standalone)
+    print(json.dumps(out, indent=2) if a.json else f"model repository written to {out['repo']}: {', '.join(out['models'])}")
+    return 0
+
+
+def cmd_serve(a) -> int:
+    from .triton.server import start_server
+    server = start_server(a.repo, a.http_port, a.grpc_port, a.metrics_port, log_path=a.log)
+    try:
+        server.wait_ready(a.ready_timeout)
+        print(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}, metrics "
+              f"127.0.0.1:{server.metrics_port} (log: {server.log_path}); Ctrl-C stops it", flush=True)
+        server.process.wait()
+    finally:
+        server.stop()
     return 0
 
 
@@ -154,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--greedy-only", action="store_true", help="skip the sampling graphs")
     b.add_argument("--out", default=BuildConfig.out, help="the engine folder to write")
     b.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    b.add_argument("--triton-repo", help="also write a Triton model repository for the engine (as specexport triton)")
     b.set_defaults(func=cmd_build)
 
     g = sub.add_parser("generate", help="generate text for a prompt and print the stats")
@@ -182,6 +208,31 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("engine", metavar="ENGINE_DIR")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
+
+    t = sub.add_parser("triton", help="write a Triton Inference Server model repository for an engine folder")
+    t.add_argument("engine", metavar="ENGINE_DIR")
+    t.add_argument("--repo", required=True, help="the model repository to write (the model's folder is replaced)")
+    t.add_argument("--name", default="specexport", help="the model's name in the repository")
+    t.add_argument("--instances", type=int, default=1, help="model instances (each with its own batch and caches)")
+    t.add_argument("--max-batch", type=int, default=None, help="rows per instance (<= the engine's max_batch)")
+    t.add_argument("--backend", choices=BACKENDS, default=None, help="default: onnxruntime when the engine has ONNX")
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--k", type=int, default=None, help="one of the engine's k values (default: the largest)")
+    t.add_argument("--target-only", action="store_true", help="serve without speculation (for comparisons)")
+    t.add_argument("--prepack", action="store_true", help="onnxruntime weight pre-packing (see generate --prepack)")
+    t.add_argument("--standalone", action="store_true",
+                   help="also add each ONNX step graph as its own onnxruntime model (needs a Triton with that backend)")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_triton)
+
+    v = sub.add_parser("serve", help="run the tritonserver from nvidia-pytriton over a repository on 127.0.0.1")
+    v.add_argument("repo", metavar="REPO")
+    v.add_argument("--http-port", type=int, default=8000)
+    v.add_argument("--grpc-port", type=int, default=8001)
+    v.add_argument("--metrics-port", type=int, default=8002)
+    v.add_argument("--log", default=None, help="server log file (default: in its work folder)")
+    v.add_argument("--ready-timeout", type=float, default=300.0)
+    v.set_defaults(func=cmd_serve)
     return ap
 
 

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -101,7 +102,10 @@ def start_server(repo: str, http_port: int = 0, grpc_port: int = 0, metrics_port
     ws = prepare_workspace(work)
     ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+    # this interpreter's libpython first: the stub links libpython3.X dynamically, and another copy of the same
+    # minor version (a distribution's) may not match this interpreter's compiled standard modules
+    libdir = sysconfig.get_config_var("LIBDIR")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, str(libs), env.get("LD_LIBRARY_PATH")]))
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     log = Path(log_path) if log_path else work / "tritonserver.log"
     cmd = [str(ws / "bin" / "tritonserver"), f"--model-repository={Path(repo).resolve()}",
