@@ -139,9 +139,17 @@ def cmd_build(a) -> int:
 
 def cmd_triton(a) -> int:
     from .triton.repository import write_repository
+    python_path = None
+    if a.python_path is not None:
+        try:
+            python_path = json.loads(a.python_path) if a.python_path.strip().startswith("[") else \
+                [x for x in a.python_path.split(":") if x]
+        except json.JSONDecodeError:
+            raise SpecExportError(f"--python-path takes a JSON list or colon-separated folders, got {a.python_path!r}") \
+                from None
     out = write_repository(a.engine, a.repo, name=a.name, instances=a.instances, max_batch=a.max_batch,
                            backend=a.backend, threads=a.threads, speculative=not a.target_only, k=a.k,
-                           prepack=a.prepack, standalone=a.standalone)
+                           prepack=a.prepack, python_path=python_path, standalone=a.standalone)
     print(json.dumps(out, indent=2) if a.json else f"model repository written to {out['repo']}: {', '.join(out['models'])}")
     return 0
 
@@ -222,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prepack", action="store_true", help="onnxruntime weight pre-packing (see generate --prepack)")
     t.add_argument("--standalone", action="store_true",
                    help="also add each ONNX step graph as its own onnxruntime model (needs a Triton with that backend)")
+    t.add_argument("--python-path", default=None,
+                   help="folders the model adds to sys.path (JSON list or colon-separated; default: where this "
+                        "interpreter finds specexport and its dependencies; '[]' inside a container)")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_triton)
 

@@ -125,3 +125,21 @@ def test_model_config_is_decoupled_python(server):
     assert cfg["backend"] == "python" and cfg["model_transaction_policy"]["decoupled"] is True
     assert {i["name"] for i in cfg["input"]} >= {"text_input", "input_ids", "max_tokens", "temperature", "top_k",
                                                   "top_p", "seed", "stop", "stream", "chat"}
+
+
+def test_cli_writes_a_repository(texty_engine, tmp_path):
+    from test_cli import run
+    r = run("triton", texty_engine, "--repo", str(tmp_path), "--name", "m", "--instances", "2", "--max-batch", "2",
+            "--standalone", "--python-path", "/a:/b", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["models"][0] == "m" and "m_target_verify_k3_greedy" in out["models"]
+    cfg = (tmp_path / "m" / "config.pbtxt").read_text()
+    assert "decoupled: true" in cfg and "count: 2" in cfg and '\\"/a\\", \\"/b\\"' in cfg
+    assert (tmp_path / "m" / "1" / "engine" / "manifest.json").exists()
+    standalone = (tmp_path / "m_target_verify_k3_greedy" / "config.pbtxt").read_text()
+    assert 'backend: "onnxruntime"' in standalone and 'name: "key_out.0"' in standalone
+    assert (tmp_path / "m_target_verify_k3_greedy" / "1" / "weights.safetensors").exists()
+    bad = run("triton", texty_engine, "--repo", str(tmp_path), "--max-batch", "99")
+    assert bad.returncode == 2 and "--max-batch 99 must be between 1 and the engine's max_batch 4" in bad.stderr
+    assert "Traceback" not in bad.stderr

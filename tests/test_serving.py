@@ -1,0 +1,92 @@
+"""Continuous batching in-process: requests join a running batch at step boundaries, in free rows, and get
+exactly the tokens they get alone; a full queue makes submitters wait, never fail."""
+
+import threading
+import time
+
+import pytest
+
+from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
+from specexport.serving import ContinuousBatcher
+from test_runtime_greedy import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def dec(tiny):
+    t = tiny["qwen3"]
+    return SpeculativeDecoder.from_pretrained(t["target"], t["perturbed"], k=3, max_seq_len=128, max_batch=3,
+                                              prefill_chunk=16)
+
+
+def collect(batcher, jobs):
+    """Submit every job from its own thread; returns the tokens and the chunk count of each."""
+    out = [None] * len(jobs)
+    done = [threading.Event() for _ in jobs]
+
+    def run(i):
+        prompt, n, sp, stop = jobs[i]
+        toks, chunks = [], []
+
+        def on_chunk(c):
+            toks.extend(c.token_ids)
+            chunks.append(c)
+            if c.finished:
+                out[i] = (toks, chunks)
+                done[i].set()
+
+        batcher.submit(prompt, on_chunk, max_new_tokens=n, sampling=sp, stop_token_ids=stop)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for i, t in enumerate(threads):
+        t.start()
+        time.sleep(0.01 * (i % 3))  # staggered: later requests join a batch that is already running
+    for e in done:
+        assert e.wait(120)
+    return out
+
+
+def test_joined_requests_get_their_solo_tokens(dec):
+    batcher = ContinuousBatcher(dec, max_waiting=2)  # 3 rows, a queue of 2: most submitters wait
+    try:
+        sps = [SamplingParams(), SamplingParams(0.8, top_p=0.9, seed=4), SamplingParams(1.0, top_k=10, seed=9)]
+        jobs = [(PROMPTS[i % 3], 6 + 5 * (i % 4), sps[i % 3], ()) for i in range(10)]
+        got = collect(batcher, jobs)
+        for (prompt, n, sp, _), (toks, chunks) in zip(jobs, got):
+            alone = dec.generate(prompt, max_new_tokens=n, sampling=sp)[0]
+            assert toks == alone.token_ids
+            assert chunks[-1].finished and chunks[-1].stats.new_tokens == n
+            assert all(not c.finished for c in chunks[:-1])
+    finally:
+        batcher.close()
+
+
+def test_target_only_batcher_and_bad_requests(dec):
+    batcher = ContinuousBatcher(dec, speculative=False)
+    try:
+        with pytest.raises(SpecExportError, match="max_new_tokens must be >= 1"):
+            batcher.submit(PROMPTS[0], lambda c: None, max_new_tokens=0)
+        with pytest.raises(SpecExportError, match="outside the vocabulary"):
+            batcher.submit([1, 2, 500], lambda c: None)
+        (toks, chunks), = collect(batcher, [(PROMPTS[1], 12, SamplingParams(), ())])
+        assert toks == dec.generate(PROMPTS[1], 12, speculative=False)[0].token_ids
+        assert chunks[-1].stats.drafted == 0
+    finally:
+        batcher.close()
+
+
+def test_stop_strings_offline(tiny, tmp_path):
+    from helpers import make_tiny, word_tokenizer
+    make_tiny(tmp_path / "t", "llama", seed=4, tokenizer=word_tokenizer([f"w{i}" for i in range(96)]),
+              logit_scale=4.0, tie_word_embeddings=False)
+    d = SpeculativeDecoder.from_pretrained(str(tmp_path / "t"), k=3, max_seq_len=64, max_batch=2)
+    ref = d.generate("w1 w2 w3 w1 w2", max_new_tokens=20)[0]
+    words = ref.text.split()
+    stop = f"{words[4]} {words[5]}"
+    cut = ref.text[:ref.text.index(stop)]
+    out = d.generate("w1 w2 w3 w1 w2", max_new_tokens=20, stop=[stop])[0]
+    assert out.text == cut and out.finish_reason == "stop"
+    assert ref.token_ids[:len(out.token_ids)] == out.token_ids and len(out.token_ids) < 20
+    shown = "".join(e.text for e in d.stream("w1 w2 w3 w1 w2", max_new_tokens=20, stop=[stop + " w0 w0"]))
+    assert shown == ref.text  # never completed: all of it, and nothing held back at the end
+    with pytest.raises(SpecExportError, match="stop strings need"):
+        d.generate([1, 2], max_new_tokens=4, stop=[""])
