@@ -28,6 +28,8 @@ class SamplingParams:
             raise SpecExportError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise SpecExportError(f"top_p must be in (0, 1] (1 turns it off), got {self.top_p}")
+        if not 0 <= self.seed < 2**63:
+            raise SpecExportError(f"seed must be in [0, 2**63), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -6,6 +6,7 @@ draft, verify, commit, advance. Only the committed tokens cross to the host (one
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -106,7 +107,7 @@ class _Request:
             if len(self.out) >= self.max_new_tokens:
                 self.finish_reason = "length"
                 break
-        if self.stop_strings and self.finish_reason != "stop":
+        if self.stop_strings:  # (also when a stop id ended this commit: a stop string before it comes first)
             text = self.decode(self.out)
             if any(s in text for s in self.stop_strings):  # keep the tokens up to the one completing it
                 for n in range(before + 1, len(self.out) + 1):
@@ -150,6 +151,7 @@ class SpeculativeDecoder:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.can_sample = True  # False for engines built greedy-only
+        self._tokenizer_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, **options) -> "SpeculativeDecoder":
@@ -230,9 +232,17 @@ class SpeculativeDecoder:
         return k
 
     def _decode(self, ids: list[int]) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
+        """Without clean-up of tokenization spaces: text then only grows as tokens are added (stream deltas)."""
+        if self.tokenizer is None:
+            return None
+        with self._tokenizer_lock:  # fast tokenizers are not safe to share across threads (serving)
+            return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
+        with self._tokenizer_lock:
+            return self._encode(prompt, chat)
+
+    def _encode(self, prompt: Prompt, chat: bool) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise SpecExportError("this model has no tokenizer: pass prompts as lists of token ids")
@@ -359,8 +369,11 @@ class Batch:
             self.history[b, :n] = r.ids
             self.lengths[b] = n
             sp = r.sampling
-            self.temperature[b] = 1.0 if sp.greedy else sp.temperature
-            self.top_k[b], self.top_p[b], self.greedy[b] = sp.top_k, sp.top_p, sp.greedy
+            if sp.greedy:  # neutral filters: a greedy row never makes the others run the top-k/top-p sort
+                self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = 1.0, 0, 1.0, True
+            else:
+                self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = \
+                    sp.temperature, sp.top_k, sp.top_p, False
             r.stats = GenerationStats(k=self.k if self.speculative else 0, prompt_tokens=n,
                                       accept_hist=[0] * (self.k + 1))
         events = []

@@ -39,7 +39,8 @@ class ContinuousBatcher:
         self.batch = Batch(dec, speculative, self.k)
         self.waiting: queue.Queue = queue.Queue(maxsize=max_waiting)
         self._texts: dict[int, str] = {}
-        self._callbacks: dict[int, Callable[[Chunk], None]] = {}
+        self._callbacks: dict[int, Callable[[Chunk], None]] = {}  # by id(request), admitted and not finished
+        self._requests: dict[int, _Request] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specexport-batcher", daemon=True)
         self._thread.start()
@@ -51,11 +52,26 @@ class ContinuousBatcher:
         if not self._thread.is_alive():
             raise SpecExportError("the batcher has stopped: restart the model")
         req = self.dec._prepare([prompt], max_new_tokens, sampling, chat, stop_token_ids, stop)[0]
-        self.waiting.put((req, on_chunk))  # blocks while the queue is full
+        while True:  # blocks while the queue is full (back-pressure), but not past close()
+            if self._stop.is_set():
+                raise SpecExportError("the batcher is closing: the request was not queued")
+            try:
+                self.waiting.put((req, on_chunk), timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def close(self) -> None:
+        """Stop the serving thread; running and queued requests get a final error chunk."""
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=30)
+        self._fail_all("the model is shutting down")
+        while True:
+            try:
+                req, cb = self.waiting.get_nowait()
+            except queue.Empty:
+                break
+            _call(cb, Chunk([], "", True, "error", req.stats, error="the model is shutting down"))
 
     # ---- the serving thread --------------------------------------------------------------------------
 
@@ -83,6 +99,7 @@ class ContinuousBatcher:
         for req, cb in new:
             self._callbacks[id(req)] = cb
             self._texts[id(req)] = ""
+            self._requests[id(req)] = req
         self._dispatch(self.batch.admit(free[:len(new)], [r for r, _ in new]))
 
     def _dispatch(self, events: list[tuple[_Request, list[int]]]) -> None:
@@ -96,19 +113,22 @@ class ContinuousBatcher:
             cb = self._callbacks[key] if not done else self._callbacks.pop(key)
             if done:
                 self._texts.pop(key, None)
-            try:
-                cb(Chunk(taken, text, done, req.finish_reason, req.stats if done else None))
-            except Exception:  # a client's callback must not take the batch down
-                pass
+                self._requests.pop(key, None)
+            _call(cb, Chunk(taken, text, done, req.finish_reason, req.stats if done else None))
 
     def _fail_all(self, message: str) -> None:
+        """Every admitted request not yet finished gets a final error chunk; the batch starts empty again."""
         for b in self.batch.rows():
-            req = self.batch.reqs[b]
-            cb = self._callbacks.pop(id(req), None)
-            self._texts.pop(id(req), None)
             self.batch._release(b)
-            if cb is not None:
-                try:
-                    cb(Chunk([], "", True, "error", req.stats, error=message))
-                except Exception:
-                    pass
+        for key, cb in list(self._callbacks.items()):
+            req = self._requests.pop(key, None)
+            self._callbacks.pop(key, None)
+            self._texts.pop(key, None)
+            _call(cb, Chunk([], "", True, "error", req.stats if req else None, error=message))
+
+
+def _call(cb: Callable[[Chunk], None], chunk: Chunk) -> None:
+    try:
+        cb(chunk)
+    except Exception:  # a client's callback must not take the batch down
+        pass

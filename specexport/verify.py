@@ -45,7 +45,9 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         # top-p: keep the smallest head of the sorted distribution whose mass reaches top_p
         sorted_p = sorted_x.softmax(-1)
         mass_before = sorted_p.cumsum(-1) - sorted_p  # [B, T, V]
-        keep_sorted = (mass_before < top_p[:, None, None]) | (torch.arange(V, device=x.device) == 0)
+        # top_p == 1 keeps all (the float cumsum can reach 1.0 before the tail); the first token always stays
+        keep_sorted = ((mass_before < top_p[:, None, None]) | (top_p >= 1.0)[:, None, None]
+                       | (torch.arange(V, device=x.device) == 0))
         # the smallest kept logit is the threshold (ties with it are kept too)
         n_keep = keep_sorted.sum(-1, keepdim=True)  # [B, T, 1]
         threshold = sorted_x.gather(-1, n_keep - 1)

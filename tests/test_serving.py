@@ -90,3 +90,20 @@ def test_stop_strings_offline(tiny, tmp_path):
     assert shown == ref.text  # never completed: all of it, and nothing held back at the end
     with pytest.raises(SpecExportError, match="stop strings need"):
         d.generate([1, 2], max_new_tokens=4, stop=[""])
+
+
+def test_close_fails_running_and_queued_requests(dec):
+    batcher = ContinuousBatcher(dec, max_waiting=8)
+    finals = []
+    for i in range(6):
+        batcher.submit(PROMPTS[i % 3], lambda c: finals.append(c) if c.finished else None, max_new_tokens=50)
+    batcher.close()
+    assert len(finals) == 6 and all(c.finished for c in finals)
+    assert any(c.error == "the model is shutting down" for c in finals)
+    with pytest.raises(SpecExportError, match="stopped|closing"):
+        batcher.submit(PROMPTS[0], lambda c: None)
+
+
+def test_seed_out_of_range_is_refused():
+    with pytest.raises(SpecExportError, match=r"seed must be in \[0, 2\*\*63\)"):
+        SamplingParams(1.0, seed=2**64)

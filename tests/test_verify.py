@@ -96,3 +96,12 @@ def test_process_logits_matches_transformers_warpers(temperature, top_k, top_p):
     ref = torch.stack([procs(None, logits[:, t]).softmax(-1) for t in range(2)], 1)
     ours = process_logits(logits, torch.full((3,), temperature), torch.full((3,), top_k), torch.full((3,), top_p))
     torch.testing.assert_close(ours, ref)
+
+
+def test_top_p_one_keeps_the_whole_tail_when_the_filter_runs():
+    """Exported graphs always run the filter; rows with top_p=1 must still keep every token (the float cumsum
+    reaches 1.0 before the tail of a 49152-token vocabulary)."""
+    logits = torch.randn(2, 3, 49152) * 3
+    t, k, p = torch.tensor([1.0, 0.7]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])
+    torch.testing.assert_close(process_logits(logits, t, k, p, filter=True), process_logits(logits, t, k, p, filter=False))
+    assert bool((process_logits(logits, t, k, p, filter=True) > 0).all())

@@ -73,13 +73,16 @@ class OrtEngine:
             self.providers = ["CPUExecutionProvider"]
         self.threads = threads
         self.prepack = prepack
+        if entry["kv_dtype"] == "bfloat16":
+            raise SpecExportError("bf16 engines have no numpy type for ONNX Runtime's buffers here: build with "
+                                  "--dtype fp16 (CUDA) or fp32, or load this one with backend='torch'")
         np_dtype = np.dtype(entry["kv_dtype"])
         self._weights = mmap_safetensors(folder / entry["weights"])
         self._weight_values = {}
         cfg = self.config
         shape = (max_batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
-        if device == "cuda":
-            self.kv = [ort.OrtValue.ortvalue_from_shape_and_type(shape, np_dtype, "cuda", 0)
+        if device == "cuda":  # zeroed: masked positions are multiplied by 0, and 0 x NaN garbage is NaN
+            self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np_dtype), "cuda", 0)
                        for _ in range(2 * cfg.num_layers)]
         else:
             self._kv_np = [np.zeros(shape, np_dtype) for _ in range(2 * cfg.num_layers)]

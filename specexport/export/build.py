@@ -129,14 +129,14 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         "models": entries,
     }
     write_manifest(tmp, manifest)
+    st.done(str(tmp))
+
+    st.start("check", "engine tokens vs the eager torch backend (greedy)")
+    checked = check_engine(tmp, models, cfg)  # a failing engine never replaces a good one
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
-    st.done(str(out))
-
-    st.start("check", "engine tokens vs the eager torch backend (greedy)")
-    checked = check_engine(out, models, cfg)
-    st.done(", ".join(checked))
+    st.done(", ".join(checked) + f"; written to {out}")
     files = {rel: info["bytes"] for rel, info in manifest_files(out).items()}
     return {"out": str(out), "stages_s": st.times, "graphs": len(work), "formats": list(cfg.formats),
             "ks": sorted(cfg.ks), "files": files, "total_bytes": sum(files.values())}

@@ -57,7 +57,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self._submit(request, sender)
-            except (self.SpecExportError, ValueError, TypeError) as e:
+            except Exception as e:  # every request gets exactly one final response, whatever went wrong
                 msg = str(e).splitlines()[0] if str(e) else type(e).__name__
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(msg)),
                             flags=FINAL)
