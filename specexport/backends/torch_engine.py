@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import KVCache, ModelConfig, StaticKVDecoder
-from ..steps import DraftStep, PrefillStep, SamplingRows, VerifyStep, graph_name
+from ..steps import DraftStep, PrefillStep, VerifyStep, graph_name
 
 
 class TorchEngine:
