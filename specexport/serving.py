@@ -41,19 +41,25 @@ class ContinuousBatcher:
         self._texts: dict[int, str] = {}
         self._callbacks: dict[int, Callable[[Chunk], None]] = {}  # by id(request), admitted and not finished
         self._requests: dict[int, _Request] = {}
+        self._cancelled: dict[int, Callable[[], bool]] = {}  # by id(request), for those that can be cancelled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specexport-batcher", daemon=True)
         self._thread.start()
 
     def submit(self, prompt, on_chunk: Callable[[Chunk], None], max_new_tokens: int = 128,
                sampling: SamplingParams | None = None, chat: bool = False, stop: Sequence[str] = (),
-               stop_token_ids: Sequence[int] = ()) -> None:
-        """Check the request (a bad one raises SpecExportError here, before it queues), then queue it."""
+               stop_token_ids: Sequence[int] = (), is_cancelled: Callable[[], bool] | None = None) -> None:
+        """Check the request (a bad one raises SpecExportError here, before it queues), then queue it.
+        is_cancelled: polled at step boundaries; a cancelled request leaves the batch (finish_reason
+        'cancelled') and frees its row."""
         if not self._thread.is_alive():
             raise SpecExportError("the batcher has stopped: restart the model")
         req = self.dec._prepare([prompt], max_new_tokens, sampling, chat, stop_token_ids, stop)[0]
+        if is_cancelled is not None:
+            self._cancelled[id(req)] = is_cancelled
         while True:  # blocks while the queue is full (back-pressure), but not past close()
             if self._stop.is_set():
+                self._cancelled.pop(id(req), None)
                 raise SpecExportError("the batcher is closing: the request was not queued")
             try:
                 self.waiting.put((req, on_chunk), timeout=0.1)
@@ -79,6 +85,7 @@ class ContinuousBatcher:
         while not self._stop.is_set():
             try:
                 self._admit()
+                self._drop_cancelled()
                 if not self.batch.rows():
                     continue
                 self._dispatch(self.batch.step())
@@ -94,6 +101,15 @@ class ContinuousBatcher:
                 new.append(self.waiting.get(block=block and not new, timeout=0.05))
             except queue.Empty:
                 break
+        live = []
+        for req, cb in new:  # cancelled while queued: answered, never admitted
+            if self._is_cancelled(req):
+                self._cancelled.pop(id(req), None)
+                req.finish_reason = "cancelled"
+                _call(cb, Chunk([], "", True, "cancelled", req.stats))
+            else:
+                live.append((req, cb))
+        new = live
         if not new:
             return
         for req, cb in new:
@@ -101,6 +117,22 @@ class ContinuousBatcher:
             self._texts[id(req)] = ""
             self._requests[id(req)] = req
         self._dispatch(self.batch.admit(free[:len(new)], [r for r, _ in new]))
+
+    def _is_cancelled(self, req: _Request) -> bool:
+        check = self._cancelled.get(id(req))
+        try:
+            return bool(check()) if check is not None else False
+        except Exception:
+            return False
+
+    def _drop_cancelled(self) -> None:
+        """Requests whose client went away leave the batch at this step boundary; their rows are free."""
+        for b in self.batch.rows():
+            req = self.batch.reqs[b]
+            if self._is_cancelled(req):
+                self.batch._release(b)
+                req.finish_reason = "cancelled"
+                self._dispatch([(req, [])])
 
     def _dispatch(self, events: list[tuple[_Request, list[int]]]) -> None:
         for req, taken in events:
@@ -114,6 +146,7 @@ class ContinuousBatcher:
             if done:
                 self._texts.pop(key, None)
                 self._requests.pop(key, None)
+                self._cancelled.pop(key, None)
             _call(cb, Chunk(taken, text, done, req.finish_reason, req.stats if done else None))
 
     def _fail_all(self, message: str) -> None:
@@ -124,6 +157,7 @@ class ContinuousBatcher:
             req = self._requests.pop(key, None)
             self._callbacks.pop(key, None)
             self._texts.pop(key, None)
+            self._cancelled.pop(key, None)
             _call(cb, Chunk([], "", True, "error", req.stats if req else None, error=message))
 
 

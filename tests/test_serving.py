@@ -107,3 +107,32 @@ def test_close_fails_running_and_queued_requests(dec):
 def test_seed_out_of_range_is_refused():
     with pytest.raises(SpecExportError, match=r"seed must be in \[0, 2\*\*63\)"):
         SamplingParams(1.0, seed=2**64)
+
+
+def test_cancelled_requests_free_their_rows(dec):
+    batcher = ContinuousBatcher(dec)  # 3 rows
+    try:
+        flags = [threading.Event() for _ in range(3)]
+        finals, started = {}, threading.Event()
+
+        def on_chunk(i):
+            def cb(c):
+                started.set()
+                if c.finished:
+                    finals[i] = c
+            return cb
+
+        for i in range(3):  # long requests fill every row; then all are cancelled
+            batcher.submit(PROMPTS[0], on_chunk(i), max_new_tokens=100, is_cancelled=flags[i].is_set)
+        assert started.wait(30)
+        for f in flags:
+            f.set()
+        deadline = time.time() + 30
+        while len(finals) < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        assert all(finals[i].finish_reason == "cancelled" for i in range(3))
+        assert all(finals[i].stats.new_tokens < 100 for i in range(3))
+        (toks, _), = collect(batcher, [(PROMPTS[1], 12, SamplingParams(), ())])  # the rows serve again
+        assert toks == dec.generate(PROMPTS[1], 12)[0].token_ids
+    finally:
+        batcher.close()

@@ -90,6 +90,9 @@ class TritonPythonModel:
         acc = {"ids": [], "text": ""}
 
         def on_chunk(c):
+            if c.finish_reason == "cancelled":  # nobody is listening; Triton still wants the stream closed
+                sender.send(flags=FINAL)
+                return
             if c.error:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(c.error)),
                             flags=FINAL)
@@ -116,7 +119,9 @@ class TritonPythonModel:
                                             np.array([st.mean_committed_per_step], dtype=np.float32))]
             sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if c.finished else 0)
 
-        self.batcher.submit(prompt, on_chunk, max_new_tokens=max_tokens, sampling=sampling, chat=chat, stop=stop)
+        cancelled = getattr(sender, "is_cancelled", None)  # the client went away: free the row at the next step
+        self.batcher.submit(prompt, on_chunk, max_new_tokens=max_tokens, sampling=sampling, chat=chat, stop=stop,
+                            is_cancelled=cancelled)
 
     def finalize(self):
         self.batcher.close()

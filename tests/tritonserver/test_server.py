@@ -143,3 +143,25 @@ def test_cli_writes_a_repository(texty_engine, tmp_path):
     bad = run("triton", texty_engine, "--repo", str(tmp_path), "--max-batch", "99")
     assert bad.returncode == 2 and "--max-batch 99 must be between 1 and the engine's max_batch 4" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_cancelled_streams_leave_the_server_serving(server, offline):
+    import queue
+
+    import tritonclient.grpc as g
+
+    from specexport.triton.client import inputs
+    clients = []
+    for i in range(4):  # fill every row with long requests, then cancel them mid-stream
+        c = g.InferenceServerClient(server.grpc_url)
+        q = queue.Queue()
+        c.start_stream(callback=lambda result, error, q=q: q.put((result, error)))
+        c.async_stream_infer("specexport", inputs(PROMPTS[i % 2], max_tokens=60, stream=True))
+        clients.append((c, q))
+    for c, q in clients:
+        result, error = q.get(timeout=60)  # at least one chunk arrived
+        assert error is None
+        c.stop_stream(cancel_requests=True)
+        c.close()
+    ok = call(server, PROMPTS[2], max_tokens=12, stream=True)
+    assert ok.error is None and ok.token_ids == offline.generate(PROMPTS[2], 12)[0].token_ids
