@@ -1,7 +1,8 @@
 """The runtime: prefill, then the speculative step, batched, every row at its own position.
 
-`SpeculativeDecoder` is the public entry point. `_run` is the hot loop; it reads top to bottom:
-draft, verify, commit, advance. Only the committed tokens cross to the host (one `.tolist()` per step).
+`SpeculativeDecoder` is the public entry point. `Batch` holds the engines' cache rows: `admit` prefills
+requests into free rows, `Batch.step` is the hot loop and reads top to bottom: draft, verify, commit,
+advance. Only the committed tokens cross to the host (one `.tolist()` per step).
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ class _Request:
 
 
 class SpeculativeDecoder:
-    """Draft-then-verify generation over static KV buffers. Build with `from_pretrained`."""
+    """Draft-then-verify generation over static KV buffers. Build with `from_pretrained` (checkpoints, eager
+    torch) or `load` (an engine folder from specexport build)."""
 
     def __init__(self, target: Engine, drafter: Drafter | None, config: DecoderConfig, tokenizer=None,
                  eos_token_ids: Sequence[int] = (), source: str = ""):
