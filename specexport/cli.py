@@ -19,11 +19,6 @@ def _defaults(cls) -> dict:
     return {f.name: f.default for f in fields(cls)}
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default=PROMPT_LOOKUP, help=f"draft checkpoint dir, .gguf or {PROMPT_LOOKUP!r}")
-
-
 def _add_shape_args(p: argparse.ArgumentParser) -> None:
     """Shape options default to None here and to DecoderConfig's defaults when used (one source of defaults)."""
     d = _defaults(DecoderConfig)

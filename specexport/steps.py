@@ -167,3 +167,17 @@ class VerifyStep(_Step):
         n_acc, nxt, committed = verify_sampling(p, q, draft, draft_len, u[:, :k], u[:, k])
         return (torch.where(greedy, g_acc, n_acc), torch.where(greedy, g_next, nxt),
                 torch.where(greedy[:, None], g_committed, committed), *kv)
+
+
+def make_step(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_vocab: int, inplace: bool = True,
+              static: bool = False) -> _Step:
+    """The step module for a graph (eager: inplace, data-dependent filter; TorchScript: inplace, static;
+    ONNX: out of place, static)."""
+    kw = dict(inplace=inplace, static=static)
+    if kind == "prefill":
+        return PrefillStep(model, **kw)
+    if kind == "draft":
+        return DraftStep(model, k, sampling, target_vocab, **kw)
+    if kind == "verify":
+        return VerifyStep(model, k, sampling, **kw)
+    raise ValueError(kind)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import KVCache, ModelConfig, StaticKVDecoder
-from ..steps import DraftStep, PrefillStep, VerifyStep, graph_name
+from ..steps import graph_name, make_step
 
 
 class TorchEngine:
@@ -44,12 +44,7 @@ class TorchEngine:
     def _step(self, kind: str, k: int = 0, sampling: bool = False):
         name = graph_name(kind, k, sampling)
         if name not in self._steps:
-            if kind == "prefill":
-                self._steps[name] = PrefillStep(self.model)
-            elif kind == "draft":
-                self._steps[name] = DraftStep(self.model, k, sampling, self.target_vocab)
-            else:
-                self._steps[name] = VerifyStep(self.model, k, sampling)
+            self._steps[name] = make_step(self.model, kind, k, sampling, self.target_vocab)
         return self._steps[name]
 
     @torch.inference_mode()

@@ -19,20 +19,11 @@ from pathlib import Path
 import torch
 
 from ..models import StaticKVDecoder
-from ..steps import DraftStep, PrefillStep, VerifyStep, graph_name, io_names
+from ..steps import PrefillStep, graph_name, io_names, make_step
 
 OPSET = 18
 WEIGHTS_FILE = "weights.safetensors"
 _INLINE_LIMIT = 1 << 16  # initializers larger than this must come from the weights file
-
-
-def step_module(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_vocab: int, inplace: bool):
-    kw = dict(inplace=inplace, static=True)
-    if kind == "prefill":
-        return PrefillStep(model, **kw)
-    if kind == "draft":
-        return DraftStep(model, k, sampling, target_vocab, **kw)
-    return VerifyStep(model, k, sampling, **kw)
 
 
 def example_inputs(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chunk: int, cache_len: int,
@@ -87,7 +78,7 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
     Returns {"file", "inputs", "outputs"} for the manifest (names, dtypes, shapes with B / L symbolic)."""
     import onnx
     name = graph_name(kind, k, sampling)
-    module = step_module(model, kind, k, sampling, target_vocab, inplace=False)
+    module = make_step(model, kind, k, sampling, target_vocab, inplace=False, static=True)
     inputs = example_inputs(model, kind, k, sampling, chunk, cache_len, target_vocab)
     in_names, out_names = io_names(kind, k, sampling, model.cfg.num_layers)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from ..models import StaticKVDecoder
-from .onnx_graphs import example_inputs, step_module
+from ..steps import make_step
+from .onnx_graphs import example_inputs
 
 _warned = False
 
@@ -40,7 +41,7 @@ def export_torchscript(model: StaticKVDecoder, graphs: list[tuple[str, str, int,
     warn_deprecated()
     methods, inputs = {}, {}
     for name, kind, k, sampling in graphs:
-        step = step_module(model, kind, k, sampling, target_vocab, inplace=True)
+        step = make_step(model, kind, k, sampling, target_vocab, inplace=True, static=True)
         methods[name] = (lambda s: (lambda self, *xs: s(*xs)))(step)
         inputs[name] = example_inputs(model, kind, k, sampling, chunk, cache_len, target_vocab)
     container = type("SpecExportSteps", (_Steps,), methods)(model)
