@@ -169,6 +169,15 @@ def cmd_inspect(a) -> int:
     return 0
 
 
+def _k_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes an integer or auto, got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specexport", description="Lossless speculative decoding.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -191,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     g.add_argument("--draft", default=None, help=f"draft checkpoint dir, .gguf or {PROMPT_LOOKUP!r} (the default)")
     g.add_argument("--backend", choices=BACKENDS, help="with ENGINE_DIR: onnxruntime (default), torch or torchscript")
-    g.add_argument("--k", type=int, default=None, help="draft tokens per step (an engine: one of its built k)")
+    g.add_argument("--k", type=_k_arg, default=None,
+                   help="draft tokens per step (an engine: one of its built k), or auto (chosen per step from "
+                        "measured costs and acceptance; may turn speculation off)")
     _add_shape_args(g)
     g.add_argument("--threads", type=int, default=None)
     g.add_argument("--prepack", action="store_true",
@@ -220,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-batch", type=int, default=None, help="rows per instance (<= the engine's max_batch)")
     t.add_argument("--backend", choices=BACKENDS, default=None, help="default: onnxruntime when the engine has ONNX")
     t.add_argument("--threads", type=int, default=None)
-    t.add_argument("--k", type=int, default=None, help="one of the engine's k values (default: the largest)")
+    t.add_argument("--k", type=_k_arg, default=None,
+                   help="one of the engine's k values, or auto (default: the largest)")
     t.add_argument("--target-only", action="store_true", help="serve without speculation (for comparisons)")
     t.add_argument("--prepack", action="store_true", help="onnxruntime weight pre-packing (see generate --prepack)")
     t.add_argument("--standalone", action="store_true",

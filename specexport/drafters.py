@@ -5,11 +5,12 @@ A drafter proposes k tokens per row after the current token (see verify.py for t
   q         [B, k, V]     processed draft probabilities, or None for one-hot drafters (prompt lookup)
   draft_len [B] long      how many of the k are real proposals; padding is never accepted
 Kinds: a draft model of any supported family, prompt lookup (n-gram), and a quantized copy of the target
-(the name `quant:int8` / `quant:int4` is reserved here; its builder lands with the quantization work).
+(`quant:int4` / `quant:int8[:b<block>][:sym|:asym]`, models/quant.py), which runs as a draft model.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +20,7 @@ import torch
 from .config import PROMPT_LOOKUP, DecoderConfig
 from .errors import SpecExportError
 from .models import LoadedModel, load_model, read_config, resolve_path
+from .models.quant import QuantSpec, is_quant_spec, quantize_model
 from .steps import SamplingRows
 
 
@@ -138,11 +140,16 @@ def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make
     return ModelDrafter(make_engine(loaded), name=loaded.source)
 
 
+def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:
+    """The target's own weights, every linear layer block-quantized (models/quant.py)."""
+    model = quantize_model(copy.deepcopy(target.model), spec)
+    return LoadedModel(model, target.config, target.tokenizer, spec.name)
+
+
 def load_draft(spec: str, target: LoadedModel, cfg: DecoderConfig) -> LoadedModel:
     """Load a draft model and check that it fits the target (before any heavy work on it)."""
-    if str(spec).startswith("quant:"):
-        raise SpecExportError(f"draft {spec!r}: quantized-copy drafts are not built yet in this version; "
-                              f"use draft='{PROMPT_LOOKUP}' or a draft model path")
+    if is_quant_spec(spec):
+        return quantized_copy(target, QuantSpec.parse(spec))
     path = resolve_path(spec, role="draft")
     read_config(path)  # unsupported architectures fail here, before the weights load
     loaded = load_model(path, cfg.dtype, cfg.cache_len, role="draft")

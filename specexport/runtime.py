@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .autok import AutoK, RowAcceptance
 from .backends import Engine
 from .config import DecoderConfig, SamplingParams
 from .drafters import DraftInputs, Drafter, make_drafter
@@ -28,13 +29,16 @@ Prompt = str | Sequence[int]
 
 @dataclass
 class GenerationStats:
-    k: int = 0
+    k: int | str = 0  # the k asked for ("auto": chosen per step, see k_steps)
     prompt_tokens: int = 0
     new_tokens: int = 0
     steps: int = 0  # decode steps after prefill (each commits n_accepted + 1 tokens)
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0  # steps where a proposed draft token was rejected (acceptance MLE: accepted / (+ rejected))
     accept_hist: list[int] = field(default_factory=list)  # [k+1]: steps that accepted 0..k drafts
+    proposed_hist: list[int] = field(default_factory=list)  # [k+1]: steps that proposed 0..k drafts
+    k_steps: dict[int, int] = field(default_factory=dict)  # k used -> steps (0: target-only steps)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -43,6 +47,12 @@ class GenerationStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_mle(self) -> float:
+        """Leviathan's per-token acceptance probability a, estimated from this generation."""
+        n = self.accepted + self.rejected
+        return self.accepted / n if n else 0.0
 
     @property
     def mean_committed_per_step(self) -> float:
@@ -59,8 +69,8 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(acceptance_rate=self.acceptance_rate, mean_committed_per_step=self.mean_committed_per_step,
-                 tokens_per_s=self.tokens_per_s)
+        d.update(acceptance_rate=self.acceptance_rate, acceptance_mle=self.acceptance_mle,
+                 mean_committed_per_step=self.mean_committed_per_step, tokens_per_s=self.tokens_per_s)
         return d
 
 
@@ -153,6 +163,7 @@ class SpeculativeDecoder:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.can_sample = True  # False for engines built greedy-only
+        self._autok: AutoK | None = None
         self._tokenizer_lock = threading.Lock()
 
     @classmethod
@@ -178,7 +189,8 @@ class SpeculativeDecoder:
         """Open an engine folder written by `specexport build` (checked against its manifest).
         backend: onnxruntime | torch | torchscript; options: threads, max_batch (<= built), device
         ('cpu' or 'cuda' for onnxruntime), prepack (onnxruntime CPU: faster multi-token passes for about
-        1.5x more weight memory), verify_hashes (default True), ngram_min / ngram_max (prompt lookup)."""
+        1.5x more weight memory), verify_hashes (default True), ngram_min / ngram_max (prompt lookup),
+        drafter ('prompt-lookup' runs prompt lookup on an engine built with a draft model, without loading it)."""
         from .export.loader import open_engine_dir
         target, drafter, config, tokenizer, eos, source, can_sample = open_engine_dir(engine_dir, backend, **options)
         dec = cls(target, drafter, config, tokenizer, eos, source)
@@ -189,10 +201,12 @@ class SpeculativeDecoder:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], max_new_tokens: int = 128,
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None, speculative: bool = True,
-                 chat: bool = False, stop_token_ids: Sequence[int] = (), k: int | None = None,
+                 chat: bool = False, stop_token_ids: Sequence[int] = (), k: int | str | None = None,
                  stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """Generate for a batch of prompts (text or token ids); returns one output per prompt.
-        stop: strings that end a generation (the text stops before them)."""
+        k: draft tokens per step (one of the built ks), or "auto" (autok.py: chosen per step from measured
+        costs and acceptance, 0 = target-only included). stop: strings that end a generation (the text stops
+        before them)."""
         reqs = self._prepare(prompts, max_new_tokens, sampling, chat, stop_token_ids, stop)
         for _ in self._run(reqs, speculative, self._k(k)):
             pass
@@ -200,7 +214,7 @@ class SpeculativeDecoder:
 
     def stream(self, prompts: Prompt | Sequence[Prompt], max_new_tokens: int = 128,
                sampling: SamplingParams | Sequence[SamplingParams] | None = None, speculative: bool = True,
-               chat: bool = False, stop_token_ids: Sequence[int] = (), k: int | None = None,
+               chat: bool = False, stop_token_ids: Sequence[int] = (), k: int | str | None = None,
                stop: Sequence[str] = ()) -> Iterator[StreamEvent]:
         """Yield the tokens each step commits, per prompt, as they are committed (text held back while it
         could still be the start of a stop string)."""
@@ -222,8 +236,12 @@ class SpeculativeDecoder:
 
     # ---- input checks ----------------------------------------------------------------------------
 
-    def _k(self, k: int | None) -> int:
+    def _k(self, k: int | str | None) -> int | str:
         k = self.config.k if k is None else k
+        if k == "auto":
+            return k
+        if not isinstance(k, (int, np.integer)):
+            raise SpecExportError(f"k must be an integer or 'auto', got {k!r}")
         built = self.target.ks
         if built is not None and k not in built:
             raise SpecExportError(f"k={k} has no graphs in this engine (built: {', '.join(map(str, built))}): "
@@ -302,7 +320,19 @@ class SpeculativeDecoder:
 
     # ---- the loop --------------------------------------------------------------------------------
 
-    def _run(self, reqs: list[_Request], speculative: bool, k: int) -> Iterator[list[tuple[_Request, list[int]]]]:
+    def built_ks(self) -> tuple[int, ...]:
+        """The k values steps may use (an engine's built ones; eager: powers of two up to config.k, and k)."""
+        if self.target.ks is not None:
+            return tuple(sorted(self.target.ks))
+        return tuple(sorted({k for k in (1, 2, 4, 8) if k <= self.config.k} | {self.config.k}))
+
+    def autok(self) -> AutoK:
+        """The adaptive-k controller; its cost measurements persist across generate calls."""
+        if self._autok is None:
+            self._autok = AutoK(self.built_ks())
+        return self._autok
+
+    def _run(self, reqs: list[_Request], speculative: bool, k: int | str) -> Iterator[list[tuple[_Request, list[int]]]]:
         """A fixed batch: admit every request, then step until all are done (yields each step's events)."""
         batch = Batch(self, speculative, k)
         yield batch.admit(list(range(len(reqs))), reqs)
@@ -316,21 +346,28 @@ class Batch:
     Requests join with `admit` (prefilled in their own rows) and leave when they finish, both at step
     boundaries; `step` is the hot loop: draft, verify, commit, advance over rows 0..hi-1, where hi is one past
     the highest occupied row (a free row in between computes padding that nothing reads). Only the committed
-    tokens cross to the host (one `.tolist()` per step).
+    tokens cross to the host (one `.tolist()` per step). k is fixed, or "auto" (autok.py) chosen per step.
     """
 
-    def __init__(self, dec: SpeculativeDecoder, speculative: bool, k: int):
+    def __init__(self, dec: SpeculativeDecoder, speculative: bool, k: int | str):
         cfg = dec.config
         W = cfg.max_batch
-        self.dec, self.k, self.C = dec, k, cfg.prefill_chunk
+        self.dec, self.C = dec, cfg.prefill_chunk
         self.speculative = speculative and dec.drafter is not None
+        self.auto = dec.autok() if k == "auto" and self.speculative else None
+        self.k = k if isinstance(k, int) else max(dec.built_ks())  # the largest k a step may use
+        self.k_label = k
         self.reqs: list[_Request | None] = [None] * W
         self.gens: list[torch.Generator | None] = [None] * W
+        self.acc = [RowAcceptance() for _ in range(W)]  # per row: decayed acceptance counts (auto k)
         self.history = np.zeros((W, cfg.max_seq_len), dtype=np.int64)  # [W, max_seq_len] committed tokens
         self.lengths = [0] * W  # valid history per row (the current token included)
         # [W]: the current token's position; a free row sits at 1, so its padding passes (the draft re-reads
         # position past_len - 1) stay inside its own cache row and attend at least one finite position
         self.past_len = torch.ones(W, dtype=torch.long)
+        # [W]: positions < draft_valid hold the draft model's KV of committed tokens (it lags after target-only
+        # steps, and catches up before its next draft)
+        self.draft_valid = [0] * W
         self.prev = torch.zeros(W, dtype=torch.long)  # [W]: the token before the current one
         self.current = torch.zeros(W, dtype=torch.long)  # [W]: the last committed token, not yet in any cache
         self.temperature = torch.ones(W)  # [W] sampling parameters per row (free and greedy rows: 1)
@@ -368,6 +405,7 @@ class Batch:
         for b, r in zip(rows, reqs):
             n = len(r.ids)
             self.reqs[b], self.gens[b] = r, torch.Generator().manual_seed(r.sampling.seed)
+            self.acc[b] = RowAcceptance()
             self.history[b, :n] = r.ids
             self.lengths[b] = n
             sp = r.sampling
@@ -376,8 +414,8 @@ class Batch:
             else:
                 self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = \
                     sp.temperature, sp.top_k, sp.top_p, False
-            r.stats = GenerationStats(k=self.k if self.speculative else 0, prompt_tokens=n,
-                                      accept_hist=[0] * (self.k + 1))
+            r.stats = GenerationStats(k=self.k_label if self.speculative else 0, prompt_tokens=n,
+                                      accept_hist=[0] * (self.k + 1), proposed_hist=[0] * (self.k + 1))
         events = []
         for run in _contiguous(sorted(rows)):
             events += self._prefill(run)
@@ -391,9 +429,7 @@ class Batch:
         lengths = [self.lengths[b] for b in run]
         last_logits = torch.empty(B, dec.target.vocab_size)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
-            chunk = torch.from_numpy(self.history[run[0]:run[-1] + 1, start:start + C].copy())  # [B, <=C]
-            if chunk.shape[1] < C and dec.target.fixed_shapes:
-                chunk = torch.nn.functional.pad(chunk, (0, C - chunk.shape[1]))
+            chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)
             past = torch.full((B,), start, dtype=torch.long)
             last = torch.tensor([min(max(n - 1 - start, 0), chunk.shape[1] - 1) for n in lengths])
             kv_len = min(start + chunk.shape[1], dec.config.cache_len)
@@ -417,6 +453,7 @@ class Batch:
             r = self.reqs[b]
             r.stats.prefill_s = prefill_s
             self.past_len[b] = self.lengths[b]
+            self.draft_valid[b] = self.lengths[b]
             self.prev[b] = r.ids[-1]
             self.current[b] = tok
             self.history[b, self.lengths[b]] = tok
@@ -426,32 +463,80 @@ class Batch:
                 self._release(b)
         return events
 
+    def _chunk(self, run: list[int], starts: list[int]) -> torch.Tensor:
+        """[B, C] history tokens of rows `run` from each row's start (zero padded; eager: cut to what is needed)."""
+        C = self.C
+        chunk = np.zeros((len(run), C), dtype=np.int64)
+        for i, (b, s) in enumerate(zip(run, starts)):
+            part = self.history[b, s:min(s + C, self.history.shape[1])]
+            chunk[i, :len(part)] = part
+        if not self.dec.target.fixed_shapes:
+            chunk = chunk[:, :max(1, max(self.lengths[b] - s for b, s in zip(run, starts)))]
+        return torch.from_numpy(chunk)
+
+    def _catch_up_draft(self, rows: list[int], B: int) -> None:
+        """After target-only steps a draft model has not seen the latest committed tokens: prefill them (rows
+        0..B-1; rows already up to date rewrite their last two committed tokens, identical KV)."""
+        dec, C = self.dec, self.C
+        need = [b for b in rows if self.draft_valid[b] < int(self.past_len[b]) - 1]
+        while need:
+            starts = [min(self.draft_valid[b], int(self.past_len[b]) - 1) if self.reqs[b] is not None else 0
+                      for b in range(B)]
+            chunk = self._chunk(list(range(B)), starts)
+            past = torch.tensor(starts)
+            dec.drafter.prefill(chunk, past, min(max(starts) + chunk.shape[1], dec.config.cache_len), 0)
+            for b in need:
+                self.draft_valid[b] = min(starts[b] + chunk.shape[1], int(self.past_len[b]) - 1)
+            need = [b for b in need if self.draft_valid[b] < int(self.past_len[b]) - 1]
+
+    def _choose_k(self, rows: list[int], B: int) -> int:
+        if not self.speculative:
+            return 0
+        if self.auto is None:
+            return self.k
+        return self.auto.choose(B, [self.acc[b] for b in rows])
+
+    def _verify_k(self, longest: int, k: int) -> int:
+        """The verify width for drafts of at most `longest` tokens: fixed-shape engines take the smallest
+        built k that holds them (a prompt-lookup step with 2 proposals runs verify_k2, not verify_k8)."""
+        if longest == 0:
+            return 0
+        if not self.dec.target.fixed_shapes:
+            return longest
+        return min(kk for kk in self.dec.built_ks() if kk >= longest)
+
     @torch.inference_mode()
     def step(self) -> list[tuple[_Request, list[int]]]:
         """One speculative (or target-only) step for every occupied row; returns [(request, taken tokens)]."""
-        dec, k, speculative = self.dec, self.k, self.speculative
+        dec = self.dec
         rows = self.rows()
         if not rows:
             return []
         B = rows[-1] + 1
+        k = self._choose_k(rows, B)  # 0: a target-only step
+        catch_up_s = 0.0
+        if k and getattr(dec.drafter, "engine", None) is not None:  # a draft model: KV up to date first
+            t = time.perf_counter()
+            self._catch_up_draft(rows, B)
+            catch_up_s = time.perf_counter() - t
         t0 = time.perf_counter()
         sampling = self._sampling(rows, B)
         past_len, current = self.past_len[:B], self.current[:B]
         past_max = max(self.lengths[b] - 1 for b in rows)  # == max(past_len), known on the host without a sync
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
-        u = self._uniforms(rows, B, 2 * k + 1 if speculative else 1, sampling)  # [B, 2k+1]: draft | accept | next
+        u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
         longest = 0
-        if speculative:
+        if k:
             x = DraftInputs(torch.stack([self.prev[:B], current], 1), past_len, past_max + k + 1, self.history[:B],
                             self.lengths[:B], sampling, u[:, :k])
             prop = dec.drafter.propose(x, k)
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
-            if not dec.target.fixed_shapes and 0 < longest < k:  # eager: verify only what was proposed
-                draft, q = draft[:, :longest], (q[:, :longest] if q is not None else None)
+        kd = self._verify_k(longest, k)
+        if 0 < kd < k:
+            draft, q = draft[:, :kd], (q[:, :kd] if q is not None else None)
         t1 = time.perf_counter()
-        # 2. Verify: one target pass over [current, d1..dk] -> n_accepted [B], next [B], committed [B, kd+1].
-        if longest > 0:
-            kd = draft.shape[1]
+        # 2. Verify: one target pass over [current, d1..dkd] -> n_accepted [B], next [B], committed [B, kd+1].
+        if kd > 0:
             u_verify = torch.cat([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
             n_acc, nxt, committed = dec.target.verify(torch.cat([current[:, None], draft], 1), draft_len, past_len,
                                                       past_max + kd + 1, kd, sampling, u_verify, q)
@@ -467,12 +552,17 @@ class Batch:
         for b in rows:
             r = self.reqs[b]
             toks = [t for t in host[b][1:] if t >= 0]
-            n = len(toks) - 1
+            n, proposed = len(toks) - 1, host[b][0]
             st = r.stats
             st.steps += 1
-            st.drafted += host[b][0]
+            st.drafted += proposed
             st.accepted += n
+            st.rejected += n < proposed
             st.accept_hist[n] += 1
+            st.proposed_hist[proposed] += 1
+            st.k_steps[k] = st.k_steps.get(k, 0) + 1
+            if self.auto is not None:
+                self.auto.observe_acceptance(self.acc[b], n, proposed)
             taken = r.commit(toks)
             self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
             self.lengths[b] += len(taken)
@@ -485,9 +575,14 @@ class Batch:
             self.prev[:B] = current
         self.past_len[:B] = past_len + n_acc + 1
         self.current[:B] = nxt
+        if k:  # the draft model saw every committed position but the last two
+            for b in rows:
+                self.draft_valid[b] = int(self.past_len[b]) - 1
         t3 = time.perf_counter()
+        if self.auto is not None:
+            self.auto.observe_cost(k, B, t3 - t0)
         for r, _ in events:
-            r.stats.draft_s += t1 - t0
+            r.stats.draft_s += t1 - t0 + catch_up_s
             r.stats.verify_s += t2 - t1
             r.stats.host_s += t3 - t2
         for b in rows:

@@ -31,7 +31,7 @@ class Chunk:
 
 
 class ContinuousBatcher:
-    def __init__(self, dec: SpeculativeDecoder, speculative: bool = True, k: int | None = None,
+    def __init__(self, dec: SpeculativeDecoder, speculative: bool = True, k: int | str | None = None,
                  max_waiting: int = 256):
         self.dec = dec
         self.k = dec._k(k)

@@ -34,7 +34,8 @@ from ..steps import SamplingRows, graph_name
 
 def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
     """name -> read-only array view into one memory map of the file (nothing is read until used)."""
-    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "F64": np.float64}
+    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "F64": np.float64,
+              "U8": np.uint8}
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -72,7 +73,8 @@ class OrtEngine:
         else:
             self.providers = ["CPUExecutionProvider"]
         self.threads = threads
-        self.prepack = prepack
+        # a quantized draft's MatMulNBits runs only over pre-packed weights (about 60x slower without them)
+        self.prepack = prepack or bool(entry.get("quant"))
         if entry["kv_dtype"] == "bfloat16":
             raise SpecExportError("bf16 engines have no numpy type for ONNX Runtime's buffers here: build with "
                                   "--dtype fp16 (CUDA) or fp32, or load this one with backend='torch'")

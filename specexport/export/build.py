@@ -23,6 +23,7 @@ from ..config import PROMPT_LOOKUP, BuildConfig
 from ..drafters import load_draft
 from ..errors import SpecExportError
 from ..models import LoadedModel, load_model, read_config, resolve_path
+from ..models.quant import QuantSpec, is_quant_spec
 from ..steps import graph_name
 from .manifest import MANIFEST, write_manifest
 from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, write_weights
@@ -64,8 +65,12 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     out = Path(cfg.out)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).exists():
         raise SpecExportError(f"--out {str(out)!r} exists and is not an engine folder: choose an empty or new path")
-    for spec, role in ((cfg.target, "target"), (cfg.draft, "draft")):  # bad paths fail before any stage starts
-        if spec != PROMPT_LOOKUP and not str(spec).startswith("quant:"):
+    quant = QuantSpec.parse(cfg.draft) if is_quant_spec(cfg.draft) else None  # bad input fails before any stage
+    if quant is not None and "torchscript" in cfg.formats:
+        raise SpecExportError(f"draft {cfg.draft!r} exports to ONNX (MatMulNBits) only; TorchScript has no "
+                              "low-bit kernel: drop torchscript from --format, or use a draft model")
+    for spec, role in ((cfg.target, "target"), (cfg.draft, "draft")):
+        if spec != PROMPT_LOOKUP and not is_quant_spec(spec):
             read_config(resolve_path(spec, role))
     st = _Stages(progress)
 
@@ -91,6 +96,8 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         entry = {"source": m.source, "config": asdict(m.config), "kv_dtype": str(next(m.model.parameters()).dtype
                                                                                ).replace("torch.", ""),
                  "weights": f"{role}/{WEIGHTS_FILE}", "graphs": {}}
+        if role == "draft" and quant is not None:
+            entry["quant"] = asdict(quant)
         if "onnx" in cfg.formats:
             offsets = write_weights(m.model, folder / WEIGHTS_FILE)
             for name, kind, k, sampling in graphs:

@@ -12,7 +12,7 @@ from ..errors import SpecExportError
 from ..models import ModelConfig, StaticKVDecoder
 from .manifest import read_manifest
 
-LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "prepack")
+LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "prepack", "drafter")
 
 
 def model_config(entry: dict) -> ModelConfig:
@@ -24,6 +24,9 @@ def load_torch_model(root: Path, entry: dict, dtype: str, cache_len: int) -> Sta
     """The eager decoder from the engine's own weights file (the one the ONNX graphs point into)."""
     from safetensors.torch import load_file
     model = StaticKVDecoder(model_config(entry), cache_len).fuse()
+    if entry.get("quant"):  # quantized-copy draft: QuantLinear shells whose codes come from the file
+        from ..models.quant import QuantSpec, quantize_model
+        model = quantize_model(model, QuantSpec(**entry["quant"]))
     state = {n.removeprefix("model."): t for n, t in load_file(str(root / entry["weights"])).items()}
     wanted = model.state_dict()
     missing = [n for n in wanted if n not in state and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
@@ -115,7 +118,12 @@ def open_engine_dir(path: str, backend: str, **options):
         raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch or torchscript")
 
     target = engine("target")
-    if m["drafter"] == PROMPT_LOOKUP:
+    choice = options.get("drafter")
+    if choice not in (None, PROMPT_LOOKUP, "model"):
+        raise SpecExportError(f"drafter={choice!r}: choose {PROMPT_LOOKUP!r} or 'model' (the engine's own draft)")
+    if choice == "model" and m["drafter"] == PROMPT_LOOKUP:
+        raise SpecExportError("drafter='model' but this engine was built without a draft model: rebuild with --draft")
+    if m["drafter"] == PROMPT_LOOKUP or choice == PROMPT_LOOKUP:
         drafter = PromptLookupDrafter(config.ngram_min, config.ngram_max)
     else:
         drafter = ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"])

@@ -86,8 +86,18 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
         f = os.path.join(tmp, "g.onnx")
         torch.onnx.export(module, inputs, f, dynamo=False, opset_version=OPSET, input_names=in_names,
                           output_names=out_names, dynamic_axes=dynamic_axes(in_names + out_names),
-                          do_constant_folding=True)
+                          do_constant_folding=True, custom_opsets={"com.microsoft": 1})
         proto = onnx.load(f)
+    with torch.no_grad():  # exact output shapes (batch symbolic): custom ops such as MatMulNBits defeat ONNX's
+        shapes = [t.shape for t in module(*inputs)]  # shape inference, which would leave dims unnamed
+    for value_info, shape in zip(proto.graph.output, shapes):
+        dims = value_info.type.tensor_type.shape.dim
+        for d, n in zip(dims, ["B", *shape[1:]]):
+            d.Clear()
+            if n == "B":
+                d.dim_param = "B"
+            else:
+                d.dim_value = n
     for init in proto.graph.initializer:
         if init.name in weights:
             offset, length = weights[init.name]

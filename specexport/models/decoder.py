@@ -102,6 +102,8 @@ def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     layer has none) so that ONNX export emits Gemm(transB=1) over the stored weight: no transposed copy of
     it, and a tied lm_head shares the embedding's initializer."""
     x2 = x.reshape(-1, x.shape[-1])
+    if not isinstance(lin, nn.Linear):  # a QuantLinear (models/quant.py): its own 2-D op
+        return lin(x2).reshape(*x.shape[:-1], lin.out_features)
     bias = lin.bias
     if bias is None and torch.jit.is_tracing():
         bias = torch.zeros(1, dtype=x.dtype, device=x.device)

@@ -48,7 +48,8 @@ class TritonPythonModel:
         if params.get("prepack") == "true":
             options["prepack"] = True
         self.dec = SpeculativeDecoder.load(engine, backend=params.get("backend", "onnxruntime"), **options)
-        k = int(params["k"]) if params.get("k") else None
+        k = params.get("k") or None
+        k = k if k in (None, "auto") else int(k)
         self.batcher = ContinuousBatcher(self.dec, speculative=params.get("speculative", "true") == "true", k=k,
                                          max_waiting=int(params.get("max_waiting", "256")))
 

@@ -72,7 +72,7 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 def write_repository(engine_dir: str, repo: str, name: str = "specexport", instances: int = 1,
                      max_batch: int | None = None, backend: str | None = None, threads: int | None = None,
-                     speculative: bool = True, k: int | None = None, prepack: bool = False,
+                     speculative: bool = True, k: int | str | None = None, prepack: bool = False,
                      python_path: list[str] | None = None, standalone: bool = False) -> dict:
     m = read_manifest(engine_dir)
     if backend is None:
@@ -81,7 +81,7 @@ def write_repository(engine_dir: str, repo: str, name: str = "specexport", insta
         raise SpecExportError(f"backend {backend!r} cannot serve; choose onnxruntime, torch or torchscript")
     if max_batch is not None and not 1 <= max_batch <= m["max_batch"]:
         raise SpecExportError(f"--max-batch {max_batch} must be between 1 and the engine's max_batch {m['max_batch']}")
-    if k is not None and k not in m["ks"]:
+    if k is not None and k != "auto" and k not in m["ks"]:
         raise SpecExportError(f"k={k} was not built into this engine (built: {m['ks']})")
     if instances < 1:
         raise SpecExportError(f"--instances must be >= 1, got {instances}")

@@ -1,0 +1,182 @@
+"""Weight-only block quantization of a decoder's linear layers: the quantized-copy drafter.
+
+A weight W [N, K] (out, in) is cut along K into blocks of `block_size`; each block b of row n keeps one
+scale s[n, b] and one integer zero point z[n, b], and each weight one unsigned `bits`-bit code c:
+
+    W[n, k] ~= (c[n, k] - z[n, b]) * s[n, b],   b = k // block_size
+
+symmetric:  z = 2**(bits-1) (not stored), s = max|W_block| / (2**(bits-1) - 1)
+asymmetric: s = (max - min) / (2**bits - 1) over the block's range widened to hold 0, z = round(-min / s)
+
+The layout is ONNX Runtime's MatMulNBits (com.microsoft) one, so export emits that op directly over the
+stored codes: qweight uint8 [N, n_blocks, block_size * bits / 8] (4-bit: low nibble first), scales
+[N * n_blocks] float, zero_points uint8 [N * ceil(n_blocks * bits / 8)] (4-bit packed likewise). K is padded
+to a whole number of blocks with zero codes at the zero point (they dequantize to 0).
+
+Eagerly (torch backend, the build check) a QuantLinear multiplies by its dequantized weight, made once; the
+exported op computes with int8 activations (accuracy_level 4, MLAS's fast path), so eager and ONNX drafts may
+differ in rare near-ties. That is harmless: drafts only propose, and the target's verification decides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import SpecExportError
+
+QUANT_PREFIX = "quant:"
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    bits: int = 4  # 4 | 8
+    block_size: int = 32  # a power of two >= 16
+    symmetric: bool = False
+    accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations (fast on CPU), 0 = as the input type
+
+    def __post_init__(self):
+        if self.bits not in (4, 8):
+            raise SpecExportError(f"quantized drafts take int4 or int8, got int{self.bits}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise SpecExportError(f"quantization block size must be a power of two >= 16, got {self.block_size}")
+
+    @classmethod
+    def parse(cls, spec: str) -> "QuantSpec":
+        """'quant:int4', 'quant:int8:b64', 'quant:int4:b32:sym' ... (fields after int4/int8 in any order)."""
+        fields = spec[len(QUANT_PREFIX):].split(":") if spec.startswith(QUANT_PREFIX) else []
+        usage = "use quant:int4 or quant:int8, optionally with :b<block size> and :sym or :asym (e.g. quant:int4:b32:asym)"
+        if not fields or fields[0] not in ("int4", "int8"):
+            raise SpecExportError(f"draft {spec!r} is not a quantized-copy spec: {usage}")
+        kw: dict = {"bits": int(fields[0][3:])}
+        for f in fields[1:]:
+            if f in ("sym", "asym"):
+                kw["symmetric"] = f == "sym"
+            elif f[:1] == "b" and f[1:].isdigit():
+                kw["block_size"] = int(f[1:])
+            else:
+                raise SpecExportError(f"draft {spec!r}: unknown field {f!r}; {usage}")
+        return cls(**kw)
+
+    @property
+    def name(self) -> str:
+        return f"{QUANT_PREFIX}int{self.bits}:b{self.block_size}:{'sym' if self.symmetric else 'asym'}"
+
+
+def is_quant_spec(spec: object) -> bool:
+    return isinstance(spec, str) and spec.startswith(QUANT_PREFIX)
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[..., n] integer codes in [0, 2**bits) -> uint8 [..., n * bits / 8], low nibble first for 4 bits."""
+    codes = codes.to(torch.uint8)
+    if bits == 8:
+        return codes
+    if codes.shape[-1] % 2:
+        codes = F.pad(codes, (0, 1))
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    if bits == 8:
+        return packed[..., :n].long()
+    return torch.stack([packed & 15, packed >> 4], -1).flatten(-2)[..., :n].long()
+
+
+def quantize_weight(w: torch.Tensor, spec: QuantSpec) -> dict[str, torch.Tensor]:
+    """w [N, K] -> {'qweight' uint8 [N, nb, bs*bits/8], 'scales' f32 [N * nb], 'zero_points' uint8 (asym only)}."""
+    N, K = w.shape
+    bs, bits = spec.block_size, spec.bits
+    nb = math.ceil(K / bs)
+    blocks = F.pad(w.float(), (0, nb * bs - K)).reshape(N, nb, bs)  # [N, nb, bs]; padding is 0
+    qmax = 2 ** bits - 1
+    if spec.symmetric:
+        half = 2 ** (bits - 1)
+        scale = blocks.abs().amax(-1) / (half - 1)  # [N, nb]
+        zero = torch.full_like(scale, half)
+    else:
+        lo, hi = blocks.amin(-1).clamp(max=0), blocks.amax(-1).clamp(min=0)  # the range holds 0
+        scale = (hi - lo) / qmax
+        zero = torch.where(scale > 0, -lo / scale.clamp_min(1e-30), 0.0).round().clamp(0, qmax)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero block: any scale is exact
+    codes = (blocks / scale[..., None] + zero[..., None]).round().clamp(0, qmax)
+    out = {"qweight": _pack(codes, bits).contiguous(), "scales": scale.reshape(-1).contiguous()}
+    if not spec.symmetric:
+        out["zero_points"] = _pack(zero.long(), bits).reshape(-1).contiguous()
+    return out
+
+
+def dequantize_weight(q: dict[str, torch.Tensor], spec: QuantSpec, K: int) -> torch.Tensor:
+    """The inverse of quantize_weight: [N, K] float32."""
+    N, nb, _ = q["qweight"].shape
+    bs = spec.block_size
+    codes = _unpack(q["qweight"], spec.bits, bs).float()  # [N, nb, bs]
+    if spec.symmetric:
+        zero = torch.full((N, nb), 2.0 ** (spec.bits - 1))
+    else:
+        zero = _unpack(q["zero_points"].reshape(N, -1), spec.bits, nb).float()
+    w = (codes - zero[..., None]) * q["scales"].reshape(N, nb, 1)
+    return w.reshape(N, nb * bs)[:, :K]
+
+
+class _MatMulNBits(torch.autograd.Function):
+    """x [M, K] @ dequantized W^T; exported (legacy torch.onnx) as com.microsoft::MatMulNBits."""
+
+    @staticmethod
+    def forward(ctx, x, qweight, scales, zero_points, weight, K, N, bits, block_size, accuracy_level):
+        return x @ weight.t()
+
+    @staticmethod
+    def symbolic(g, x, qweight, scales, zero_points, weight, K, N, bits, block_size, accuracy_level):
+        inputs = [x, qweight, scales] + ([zero_points] if zero_points is not None else [])
+        return g.op("com.microsoft::MatMulNBits", *inputs, K_i=K, N_i=N, bits_i=bits, block_size_i=block_size,
+                    accuracy_level_i=accuracy_level)
+
+
+class QuantLinear(nn.Module):
+    """A bias-free nn.Linear replacement over block-quantized weights (see the module docstring)."""
+
+    def __init__(self, lin: nn.Linear, spec: QuantSpec):
+        super().__init__()
+        if lin.bias is not None:  # (qkv bias: qwen2) kept in float, added after the matmul
+            self.bias = nn.Parameter(lin.bias.detach().float(), requires_grad=False)
+        else:
+            self.bias = None
+        self.spec = spec
+        self.out_features, self.in_features = lin.weight.shape
+        q = quantize_weight(lin.weight.detach(), spec)
+        for name, t in q.items():
+            self.register_buffer(name, t)
+        if spec.symmetric:
+            self.zero_points = None
+        self._weight: torch.Tensor | None = None  # the dequantized weight for eager runs, made on first use
+
+    def dequantized(self) -> torch.Tensor:
+        if self._weight is None:
+            q = {"qweight": self.qweight, "scales": self.scales}
+            if self.zero_points is not None:
+                q["zero_points"] = self.zero_points
+            self._weight = dequantize_weight(q, self.spec, self.in_features)
+        return self._weight
+
+    def forward(self, x2: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        s = self.spec
+        y = _MatMulNBits.apply(x2, self.qweight, self.scales, self.zero_points, self.dequantized(), self.in_features,
+                               self.out_features, s.bits, s.block_size, s.accuracy_level)
+        return y if self.bias is None else y + self.bias
+
+
+def quantize_model(model: nn.Module, spec: QuantSpec) -> nn.Module:
+    """Replace every linear layer of a (fused) StaticKVDecoder, lm_head included, with a QuantLinear, in place.
+    The embedding stays in float (a gather reads one row per token); a tied lm_head gets its own codes."""
+    if next(model.parameters()).dtype != torch.float32:
+        raise SpecExportError("quantized drafts are built from an fp32 target: use --dtype fp32")
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, QuantLinear(child, spec))
+    return model
