@@ -77,11 +77,11 @@ class Attention(nn.Module):
         # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D]
         # returns out [B, T, hidden] and the caches with the new keys/values written (in place, or as new
         # tensors for ONNX export, where ONNX Runtime binds the same buffer to the input and the output)
-        B, T, _ = x.shape
+        T = _static(x.shape[1])  # batch stays symbolic (-1) in exported graphs
         q, k, v = _linear(self.qkv_proj, x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        q = q.reshape(B, T, self.h, self.d)
-        k = k.reshape(B, T, self.hkv, self.d)
-        v = v.reshape(B, T, self.hkv, self.d)
+        q = q.reshape(-1, T, self.h, self.d)
+        k = k.reshape(-1, T, self.hkv, self.d)
+        v = v.reshape(-1, T, self.hkv, self.d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
@@ -94,34 +94,47 @@ class Attention(nn.Module):
             k_cache, v_cache = k_cache.scatter(2, write_idx, k), v_cache.scatter(2, write_idx, v)
         L = mask.shape[-1]
         out = _attention(q, k_cache[:, :, :L], v_cache[:, :, :L], mask)  # [B, H, T, D]
-        return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.h * self.d)), k_cache, v_cache
+        return _linear(self.o_proj, out.transpose(1, 2).reshape(-1, T, self.h * self.d)), k_cache, v_cache
 
 
 def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """[..., in] -> [..., out] through a 2-D matmul. Traced, it always carries a bias (a broadcast zero when the
     layer has none) so that ONNX export emits Gemm(transB=1) over the stored weight: no transposed copy of
     it, and a tied lm_head shares the embedding's initializer."""
-    x2 = x.reshape(-1, x.shape[-1])
+    T = _static(x.shape[1])  # x: [B, T, in]
+    x2 = x.reshape(-1, lin.in_features)
     if not isinstance(lin, nn.Linear):  # a QuantLinear (models/quant.py): its own 2-D op
-        return lin(x2).reshape(*x.shape[:-1], lin.out_features)
+        return lin(x2).reshape(-1, T, lin.out_features)
     bias = lin.bias
     if bias is None and torch.jit.is_tracing():
         bias = torch.zeros(1, dtype=x.dtype, device=x.device)
-    return F.linear(x2, lin.weight, bias).reshape(*x.shape[:-1], lin.out_features)
+    return F.linear(x2, lin.weight, bias).reshape(-1, T, lin.out_features)
+
+
+def _static(n) -> int:
+    """A size fixed per step graph (tokens per pass), as a Python int: exported, it is a constant, not a chain
+    of Shape/Gather/Concat nodes run on every call. Batch and key length stay symbolic (-1, key_pos)."""
+    return int(n)
 
 
 def _attention(q, k, v, mask):
     """Grouped-query attention without repeating K/V. q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask [B, 1, T, L]."""
-    B, H, T, D = q.shape
+    _, H, T, D = q.shape
     Hkv = k.shape[1]
     if not torch.jit.is_tracing():  # eager: the fused kernel
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)
-    # traced for export: plain ops every runtime has; query heads grouped per kv head
-    qg = q.reshape(B, Hkv, (H // Hkv) * T, D)
-    scores = torch.matmul(qg, k.transpose(2, 3)) * (D ** -0.5)  # [B, Hkv, G*T, L]
-    scores = scores.reshape(B, Hkv, H // Hkv, T, -1).masked_fill(~mask[:, :, None], float("-inf"))
-    probs = scores.float().softmax(-1).to(v.dtype).reshape(B, Hkv, (H // Hkv) * T, -1)
-    return torch.matmul(probs, v).reshape(B, H, T, D)
+    # traced for export: plain ops every runtime has; query heads grouped per kv head (G = H / Hkv), with
+    # mask here the additive bias [B, 1, G*T, L] made once per pass (grouped_mask_bias)
+    H, Hkv, T, D = int(H), int(Hkv), _static(T), int(D)
+    qg = q.reshape(-1, Hkv, (H // Hkv) * T, D)
+    scores = torch.matmul(qg, k.transpose(2, 3)) * (D ** -0.5) + mask  # [B, Hkv, G*T, L]
+    probs = scores.float().softmax(-1).to(v.dtype)
+    return torch.matmul(probs, v).reshape(-1, H, T, D)
+
+
+def grouped_mask_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """mask [B, 1, T, L] bool -> additive bias [B, 1, G*T, L] (0 or -inf), query rows in (group, t) order."""
+    return torch.zeros((), dtype=dtype).masked_fill(~mask, float("-inf")).repeat(1, 1, groups, 1)
 
 
 class MLP(nn.Module):
@@ -213,7 +226,7 @@ class StaticKVDecoder(nn.Module):
         inplace: write the caches in place (eager, TorchScript) or return new ones (ONNX export).
         returns logits [B, T, V] (or [B, 1, V] with logits_index) in fp32, keys, values.
         """
-        B, T = tokens.shape
+        T = _static(tokens.shape[1])
         S = keys[0].shape[2]
         cfg = self.cfg
         positions = past_len[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
@@ -221,15 +234,17 @@ class StaticKVDecoder(nn.Module):
         cos = self.rope_cos[rope_pos].unsqueeze(1)  # [B, 1, T, D]
         sin = self.rope_sin[rope_pos].unsqueeze(1)
         # Rows padded past their end write garbage beyond their valid length; clamping keeps it in bounds.
-        write_idx = positions.clamp(max=S - 1)[:, None, :, None].expand(B, cfg.num_kv_heads, T, cfg.head_dim)
+        write_idx = positions.clamp(max=S - 1)[:, None, :, None].expand(-1, cfg.num_kv_heads, T, cfg.head_dim)
         mask = key_pos <= positions[:, :, None]  # [B, T, L]
         if cfg.sliding_window is not None:
             mask = mask & (key_pos > positions[:, :, None] - cfg.sliding_window)
         mask = mask[:, None]  # [B, 1, T, L]
         x = self.model.embed_tokens(tokens)
+        if torch.jit.is_tracing():
+            mask = grouped_mask_bias(mask, cfg.num_heads // cfg.num_kv_heads, x.dtype)
         keys, values = list(keys), list(values)
         for i, layer in enumerate(self.model.layers):
             x, keys[i], values[i] = layer(x, cos, sin, write_idx, mask, keys[i], values[i], inplace)
         if logits_index is not None:
-            x = x[torch.arange(B, device=x.device), logits_index][:, None]  # [B, 1, hidden]
+            x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
         return _linear(self.lm_head, self.model.norm(x)).float(), keys, values

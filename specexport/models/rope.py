@@ -41,6 +41,6 @@ def rope_tables(cfg: ModelConfig, length: int, dtype: torch.dtype) -> tuple[torc
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, H, T, D]; cos, sin: [B, 1, T, D]."""
-    half = x.shape[-1] // 2
+    half = int(x.shape[-1]) // 2  # (a constant in exported graphs)
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
