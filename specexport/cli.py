@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from .config import BACKENDS, FORMATS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, SamplingParams
 from .errors import SpecExportError
@@ -162,6 +163,48 @@ def cmd_serve(a) -> int:
     return 0
 
 
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
+BENCH_DRAFTS = ("quant:int8:b32:sym", "quant:int4:b32:asym")
+
+
+def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) -> str:
+    """An engine folder for one drafter (reused when its manifest already matches), built for batch 1."""
+    from .export.build import build
+    from .export.manifest import MANIFEST
+    from .models.quant import QuantSpec, is_quant_spec
+    name = QuantSpec.parse(spec).name if is_quant_spec(spec) else spec
+    out = folder / name.replace(":", "-")
+    if (out / MANIFEST).exists():
+        m = json.loads((out / MANIFEST).read_text())
+        if m.get("ks") == sorted(ks) and m["models"].get("draft", {}).get("source") == name and m["max_batch"] == 1:
+            return str(out)
+    print(f"[bench] building the engine for draft {name} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
+    build(BuildConfig(draft=spec, ks=ks, max_seq_len=1024, max_batch=1, sampling=False, out=str(out)), progress)
+    return str(out)
+
+
+def cmd_bench(a) -> int:
+    from .bench.report import write_report
+    from .bench.runner import BenchConfig, run_bench
+    prompts = a.prompts or str(DEFAULT_PROMPTS)
+    if not Path(prompts).is_file():
+        raise SpecExportError(f"prompt file {prompts} does not exist: pass --prompts FILE.jsonl")
+    ks = _parse_ks(a.k) if a.k else (2, 4, 8)
+    engines = a.engine or [_bench_engine(d, ks, Path(a.engines_dir), True)
+                           for d in (x for x in a.drafts.split(",") if x)]
+    hf = () if a.hf == "none" else tuple(x for x in a.hf.split(",") if x)
+    unknown = set(hf) - {"generate", "prompt_lookup", "assistant_int8"}
+    if unknown:
+        raise SpecExportError(f"--hf {a.hf!r}: choose from generate, prompt_lookup, assistant_int8 (or none)")
+    cfg = BenchConfig(prompts=prompts, engines=engines, max_new_tokens=a.max_new_tokens, per_category=a.per_category,
+                      auto=not a.no_auto, hf=hf, prepack=not a.no_prepack, threads=a.threads)
+    result = run_bench(cfg, log=lambda s: print(s, file=sys.stderr))
+    rep = write_report(result, a.out)
+    print(rep["markdown"])
+    print("written: " + ", ".join(rep["files"]), file=sys.stderr)
+    return 0
+
+
 def cmd_inspect(a) -> int:
     from .export.inspect import describe, format_description
     info = describe(a.engine)
@@ -217,6 +260,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true",
                    help="also run target-only decoding and print the measured speedup")
     g.set_defaults(func=cmd_generate)
+
+    bn = sub.add_parser("bench", help="every decoding mode side by side on a prompt set: tables and plots")
+    bn.add_argument("--prompts", default=None, help=f"JSONL with id, category, prompt (default: {DEFAULT_PROMPTS})")
+    bn.add_argument("--engine", action="append", help="engine folders to compare (the same target and k values); "
+                                                      "default: build one per --drafts entry under --engines-dir")
+    bn.add_argument("--drafts", default=",".join(BENCH_DRAFTS), help="quantized drafters to build when no --engine "
+                                                                     "is given (prompt lookup always runs)")
+    bn.add_argument("--k", action="append", help="k values to build (default 2,4,8)")
+    bn.add_argument("--engines-dir", default="engines/bench")
+    bn.add_argument("--per-category", type=int, default=0, help="first N prompts of each category (0: all)")
+    bn.add_argument("--max-new-tokens", type=int, default=128)
+    bn.add_argument("--hf", default="generate,prompt_lookup,assistant_int8",
+                    help="transformers baselines: comma-separated generate, prompt_lookup, assistant_int8, or none")
+    bn.add_argument("--no-auto", action="store_true", help="skip the k=auto rows")
+    bn.add_argument("--no-prepack", action="store_true", help="onnxruntime without weight pre-packing")
+    bn.add_argument("--threads", type=int, default=None)
+    bn.add_argument("--out", default="bench-results")
+    bn.set_defaults(func=cmd_bench)
 
     i = sub.add_parser("inspect", help="describe an engine folder: models, k values, shapes, sizes, memory")
     i.add_argument("engine", metavar="ENGINE_DIR")

@@ -64,8 +64,8 @@ def check_graphs(m: dict) -> None:
                                       f"implies ['B', {T}]: {fix}")
 
 
-def open_engine_dir(path: str, backend: str, **options):
-    """-> (target engine, drafter, DecoderConfig, tokenizer, eos ids, source, can_sample) for SpeculativeDecoder."""
+def _open(path: str, backend: str, options: dict):
+    """Check the options and the manifest -> (root, manifest, DecoderConfig, engine(role) factory)."""
     unknown = set(options) - set(LOAD_OPTIONS)
     if unknown:
         raise SpecExportError(f"unknown load option(s) {', '.join(sorted(unknown))}; known: {', '.join(LOAD_OPTIONS)}")
@@ -117,6 +117,12 @@ def open_engine_dir(path: str, backend: str, **options):
             return eng
         raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch or torchscript")
 
+    return root, m, config, engine
+
+
+def open_engine_dir(path: str, backend: str, **options):
+    """-> (target engine, drafter, DecoderConfig, tokenizer, eos ids, source, can_sample) for SpeculativeDecoder."""
+    root, m, config, engine = _open(path, backend, options)
     target = engine("target")
     choice = options.get("drafter")
     if choice not in (None, PROMPT_LOOKUP, "model"):
@@ -132,3 +138,12 @@ def open_engine_dir(path: str, backend: str, **options):
         from transformers import PreTrainedTokenizerFast
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(root / m["tokenizer"]))
     return target, drafter, config, tokenizer, m["eos_token_ids"], str(root), bool(m.get("sampling_graphs", True))
+
+
+def open_draft(path: str, backend: str = "onnxruntime", **options) -> tuple[ModelDrafter, tuple[int, ...]]:
+    """Only the draft model of an engine folder, as a drafter (to pair with another engine's target of the same
+    model and k values, e.g. to compare drafters over one loaded target) -> (drafter, built ks)."""
+    root, m, config, engine = _open(path, backend, options)
+    if m["drafter"] == PROMPT_LOOKUP:
+        raise SpecExportError(f"{root} was built without a draft model: rebuild with --draft")
+    return ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"]), tuple(m["ks"])

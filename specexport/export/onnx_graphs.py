@@ -86,7 +86,7 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
         f = os.path.join(tmp, "g.onnx")
         torch.onnx.export(module, inputs, f, dynamo=False, opset_version=OPSET, input_names=in_names,
                           output_names=out_names, dynamic_axes=dynamic_axes(in_names + out_names),
-                          do_constant_folding=True, custom_opsets={"com.microsoft": 1})
+                          do_constant_folding=True, custom_opsets=_custom_opsets(model))
         proto = onnx.load(f)
     with torch.no_grad():  # exact output shapes (batch symbolic): custom ops such as MatMulNBits defeat ONNX's
         shapes = [t.shape for t in module(*inputs)]  # shape inference, which would leave dims unnamed
@@ -114,6 +114,12 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
     onnx.save(proto, str(path))
     return {"file": path.name, "inputs": [_io(t) for t in proto.graph.input],
             "outputs": [_io(t) for t in proto.graph.output]}
+
+
+def _custom_opsets(model: torch.nn.Module) -> dict | None:
+    """com.microsoft (MatMulNBits) for quantized drafts only."""
+    from ..models.quant import QuantLinear
+    return {"com.microsoft": 1} if any(isinstance(m, QuantLinear) for m in model.modules()) else None
 
 
 def _io(value_info) -> list:

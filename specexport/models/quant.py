@@ -133,8 +133,10 @@ class _MatMulNBits(torch.autograd.Function):
     @staticmethod
     def symbolic(g, x, qweight, scales, zero_points, weight, K, N, bits, block_size, accuracy_level):
         inputs = [x, qweight, scales] + ([zero_points] if zero_points is not None else [])
-        return g.op("com.microsoft::MatMulNBits", *inputs, K_i=K, N_i=N, bits_i=bits, block_size_i=block_size,
-                    accuracy_level_i=accuracy_level)
+        y = g.op("com.microsoft::MatMulNBits", *inputs, K_i=K, N_i=N, bits_i=bits, block_size_i=block_size,
+                 accuracy_level_i=accuracy_level)
+        y.setType(x.type().with_sizes([*x.type().varyingSizes()[:-1], N]))  # [M, N]: shape inference's answer
+        return y
 
 
 class QuantLinear(nn.Module):

@@ -33,3 +33,23 @@ def test_onnxruntime_target_only_sampling(small, engine):  # noqa: F811
         samples += [tuple(o.token_ids) for o in engine.generate([[1, 2, 3, 1, 2]] * 100, max_new_tokens=3,
                                                                 sampling=params, speculative=False)]
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def quant_engine(small, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("sampling") / "quant"
+    build(BuildConfig(target=small["target"], draft="quant:int4:b16", ks=(2,), max_seq_len=16, max_batch=100,
+                      prefill_chunk=8, out=str(out)), progress=False)
+    return SpeculativeDecoder.load(str(out), backend="onnxruntime")
+
+
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_quantized_draft_samples_have_the_target_distribution(small, quant_engine, k):  # noqa: F811
+    """The draft's q comes from MatMulNBits with int8 activations; the rule keeps p exact, fixed k or auto."""
+    sp = CASES[0]
+    samples = []
+    for start in range(0, N, 100):
+        params = [SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=start + i) for i in range(100)]
+        samples += [tuple(o.token_ids) for o in quant_engine.generate([[1, 2, 3, 1, 2]] * 100, max_new_tokens=3,
+                                                                      sampling=params, k=k)]
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3

@@ -1,0 +1,188 @@
+"""Aggregate a bench run: per category and geometric mean, Leviathan's prediction vs the measurement.
+
+Per prompt and speculative mode (terms as in autok.py):
+  a          acceptance MLE: accepted / (accepted + rejections)
+  E_pred     sum over steps of E(a, drafts proposed that step) / steps   (Leviathan's expected tokens per step)
+  cost ratio (draft + verify + host seconds per step) / (target-only seconds per step, the same prompt)
+  predicted  E_pred / cost ratio: the decode speedup the formula predicts
+  measured   decode tokens/s over target-only decode tokens/s (prefill excluded on both sides, as in the formula);
+             tok/s and "x target-only" columns are end to end (prefill included)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from ..autok import expected_tokens
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
+
+
+def _decode_rate(st: dict) -> float:
+    """Decode tokens per second (the first token comes from prefill)."""
+    dec_s = st["draft_s"] + st["verify_s"] + st["host_s"]
+    return (st["new_tokens"] - 1) / dec_s if dec_s > 0 else 0.0
+
+
+def prediction(st: dict, base: dict) -> tuple[float, float, float]:
+    """-> (a, predicted decode speedup, measured decode speedup) of one speculative run vs target-only."""
+    a = st["acceptance_mle"]
+    steps = max(st["steps"], 1)
+    e_pred = sum(n * expected_tokens(a, d) for d, n in enumerate(st["proposed_hist"])) / steps
+    step_s = (st["draft_s"] + st["verify_s"] + st["host_s"]) / steps
+    base_step_s = (base["draft_s"] + base["verify_s"] + base["host_s"]) / max(base["steps"], 1)
+    predicted = e_pred / (step_s / base_step_s) if step_s > 0 else 0.0
+    measured = _decode_rate(st) / _decode_rate(base) if _decode_rate(base) > 0 else 0.0
+    return a, predicted, measured
+
+
+def summarize(result: dict) -> dict:
+    """Per mode and category: tok/s (geomean), x target-only, acceptance, tokens/step, predicted, measured."""
+    recs = result["records"]
+    cats = sorted({r["category"] for r in recs})
+    modes = [m["name"] for m in result["modes"]]
+    table: dict = {}
+    for c in cats + ["all"]:
+        sel = [r for r in recs if c == "all" or r["category"] == c]
+        row = {}
+        for m in modes:
+            tps = geomean([r["modes"][m]["tokens_per_s"] for r in sel])
+            base = geomean([r["modes"]["target_only"]["tokens_per_s"] for r in sel])
+            cell = {"tokens_per_s": tps, "x_target_only": tps / base if base else 0.0,
+                    "identical": sum(r["identical"][m] for r in sel), "n": len(sel)}
+            if "stats" in sel[0]["modes"][m] and m != "target_only":
+                sts = [r["modes"][m]["stats"] for r in sel]
+                preds = [prediction(r["modes"][m]["stats"], r["modes"]["target_only"]["stats"]) for r in sel]
+                cell.update(acceptance=sum(s["acceptance_rate"] for s in sts) / len(sts),
+                            acceptance_mle=sum(p[0] for p in preds) / len(preds),
+                            tokens_per_step=sum(s["mean_committed_per_step"] for s in sts) / len(sts),
+                            predicted=geomean([p[1] for p in preds]), measured=geomean([p[2] for p in preds]))
+                cell["measured_over_predicted"] = cell["measured"] / cell["predicted"] if cell["predicted"] else 0.0
+                ksteps: dict = defaultdict(int)
+                for s in sts:
+                    for k, n in s["k_steps"].items():
+                        ksteps[str(k)] += n
+                cell["k_steps"] = dict(ksteps)
+            row[m] = cell
+        table[c] = row
+    spec = [m for m in modes if "@" in m]
+    hf_assisted = [m for m in modes if m.startswith("hf_") and m != "hf_generate"]
+    best = {}
+    for c in cats:
+        if spec:
+            bm = max(spec, key=lambda m: table[c][m]["tokens_per_s"])
+            best[c] = {"mode": bm, "x_target_only": table[c][bm]["x_target_only"]}
+            if hf_assisted:
+                hm = max(hf_assisted, key=lambda m: table[c][m]["tokens_per_s"])
+                best[c].update(hf_best=hm, x_hf_best=table[c][bm]["tokens_per_s"] / table[c][hm]["tokens_per_s"])
+    # best drafter per category, geometric mean over every prompt of the set
+    per_prompt = [r["modes"][best[r["category"]]["mode"]]["tokens_per_s"] / r["modes"]["target_only"]["tokens_per_s"]
+                  for r in recs if r["category"] in best]
+    return {"categories": cats, "modes": modes, "table": table, "best": best,
+            "best_per_category_geomean_x": geomean(per_prompt) if per_prompt else 0.0}
+
+
+def markdown(result: dict, summary: dict) -> str:
+    cfg = result["config"]
+    cats, table = summary["categories"], summary["table"]
+    lines = [f"# specexport bench", "",
+             f"{len(result['records'])} prompts ({cfg['prompts']}), greedy, chat template, batch 1, "
+             f"max_new_tokens={cfg['max_new_tokens']}, {result['threads']} threads, ONNX Runtime"
+             f"{' (pre-packed)' if cfg['prepack'] else ''}; every mode on a prompt before the next, warm-up excluded. "
+             "tok/s: geometric mean, end to end (prefill included); x: over specexport target-only. "
+             "Speculative rows: acceptance (accepted/drafted), a (acceptance MLE), tokens/step, and the decode "
+             "speedup Leviathan's formula predicts from a and the measured step costs vs the measured one.", ""]
+    lines += ["## tokens/s (x target-only)", "", "| mode | " + " | ".join(cats) + " | all |",
+              "|---|" + "---|" * (len(cats) + 1)]
+    for m in summary["modes"]:
+        cells = [f"{table[c][m]['tokens_per_s']:.1f} ({table[c][m]['x_target_only']:.2f}x)" for c in cats + ["all"]]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += ["", "## speculative modes (all prompts)", "",
+              "| mode | acceptance | a (MLE) | tokens/step | predicted | measured | measured/predicted | "
+              "steps per k | identical to reference |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in summary["modes"]:
+        c = table["all"][m]
+        if "predicted" in c:
+            lines.append(f"| {m} | {c['acceptance']:.2f} | {c['acceptance_mle']:.2f} | {c['tokens_per_step']:.2f} | "
+                         f"{c['predicted']:.2f}x | {c['measured']:.2f}x | {c['measured_over_predicted']:.2f} | "
+                         f"{c['k_steps']} | {c['identical']}/{c['n']} |")
+    lines += ["", "## best speculative mode per category", "",
+              "| category | best mode | x target-only | best transformers assisted mode | x that mode |",
+              "|---|---|---|---|---|"]
+    for c, b in summary["best"].items():
+        lines.append(f"| {c} | {b['mode']} | {b['x_target_only']:.2f}x | {b.get('hf_best', '-')} | "
+                     f"{b.get('x_hf_best', 0):.2f}x |")
+    lines += ["", f"Best drafter per category, geometric mean over all prompts: "
+                  f"{summary['best_per_category_geomean_x']:.2f}x specexport target-only.", ""]
+    same = {m: table["all"][m]["identical"] for m in summary["modes"]}
+    n = len(result["records"])
+    lines.append(f"Tokens identical to {result['reference']}: " +
+                 ", ".join(f"{m} {v}/{n}" for m, v in same.items()))
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict, summary: dict, out: Path) -> list[str]:
+    """speedup_vs_k.png (measured solid, predicted dashed, per drafter) and accept_hist.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    table = summary["table"]["all"]
+    by_drafter: dict = defaultdict(list)
+    for m in result["modes"]:
+        if isinstance(m["k"], int) and "@" in m["name"]:
+            by_drafter[m["drafter"]].append((m["k"], m["name"]))
+    files = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (d, pts) in enumerate(sorted(by_drafter.items())):
+        pts.sort()
+        ks = [k for k, _ in pts]
+        line, = ax.plot(ks, [table[n]["x_target_only"] for _, n in pts], marker="o", label=f"{d} measured")
+        ax.plot(ks, [table[n]["predicted"] for _, n in pts], ls="--", color=line.get_color(),
+                label=f"{d} predicted (decode)")
+        auto = f"{d}@auto"
+        if auto in table:
+            ax.axhline(table[auto]["x_target_only"], color=line.get_color(), ls=":", label=f"{d} auto")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("k (draft tokens per step)")
+    ax.set_ylabel("speedup over target-only (geomean)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_vs_k.png", dpi=120)
+    plt.close(fig)
+    files.append("speedup_vs_k.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / max(1, len(by_drafter))
+    for i, (d, pts) in enumerate(sorted(by_drafter.items())):
+        k, name = max(pts)
+        hist = [0] * (k + 1)
+        for r in result["records"]:
+            for j, n in enumerate(r["modes"][name]["stats"]["accept_hist"]):
+                hist[j] += n
+        total = sum(hist) or 1
+        ax.bar([j + i * width for j in range(k + 1)], [h / total for h in hist], width, label=f"{name}")
+    ax.set_xlabel("draft tokens accepted in a step")
+    ax.set_ylabel("share of steps")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "accept_hist.png", dpi=120)
+    plt.close(fig)
+    files.append("accept_hist.png")
+    return files
+
+
+def write_report(result: dict, out: str) -> dict:
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = summarize(result)
+    (folder / "bench.json").write_text(json.dumps({**result, "summary": summary}, indent=1))
+    md = markdown(result, summary)
+    (folder / "bench.md").write_text(md)
+    files = ["bench.json", "bench.md"] + plots(result, summary, folder)
+    return {"summary": summary, "markdown": md, "files": [str(folder / f) for f in files]}

@@ -1,0 +1,75 @@
+"""Engines whose draft is a quantized copy of the target (MatMulNBits in ONNX Runtime): the tokens stay the
+target's at every k, target-only and auto, on onnxruntime and torch; seeds repeat; load-time drafter choice."""
+
+import pytest
+
+from helpers import hf_greedy
+from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
+from specexport.config import BuildConfig
+from specexport.export.build import build
+from specexport.export.loader import open_draft
+from test_runtime_greedy import NEW, PROMPTS
+
+SHAPES = dict(max_seq_len=128, max_batch=4, prefill_chunk=16)
+
+
+@pytest.fixture(scope="module")
+def quant_engines(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quant")
+    out = {}
+    for spec, ks in (("quant:int8", (1, 3)), ("quant:int4:b16:sym", (3,))):
+        cfg = BuildConfig(target=tiny["llama"]["target"], draft=spec, ks=ks, out=str(root / spec.replace(":", "-")),
+                          **SHAPES)
+        out[spec] = build(cfg, progress=False)["out"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    return [hf_greedy(tiny["llama"]["hf"], p, NEW) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+@pytest.mark.parametrize("spec", ["quant:int8", "quant:int4:b16:sym"])
+def test_quantized_draft_greedy_equals_transformers(quant_engines, reference, spec, backend):
+    dec = SpeculativeDecoder.load(quant_engines[spec], backend=backend)
+    assert dec.drafter.name == ("quant:int8:b32:asym" if spec == "quant:int8" else "quant:int4:b16:sym")
+    for k in (*dec.target.ks, "auto"):
+        outs = dec.generate(PROMPTS, NEW, k=k)
+        assert [o.token_ids for o in outs] == reference, f"k={k}"
+    assert [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)] == reference
+    outs = dec.generate(PROMPTS, NEW, k=3)
+    if spec == "quant:int8":  # an 8-bit copy agrees with its target almost everywhere
+        assert sum(o.stats.accepted for o in outs) > 0.8 * sum(o.stats.drafted for o in outs)
+
+
+def test_same_seed_same_tokens(quant_engines):
+    dec = SpeculativeDecoder.load(quant_engines["quant:int8"])
+    sampling = [SamplingParams(0.9, top_k=20, seed=5), SamplingParams(), SamplingParams(1.2, seed=6)]
+    for k in (1, 3):
+        a = [o.token_ids for o in dec.generate(PROMPTS, NEW, sampling=sampling, k=k)]
+        assert a == [o.token_ids for o in dec.generate(PROMPTS, NEW, sampling=sampling, k=k)]
+
+
+def test_drafter_choice_at_load(quant_engines, reference):
+    dec = SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="prompt-lookup")
+    assert dec.drafter.name == "prompt-lookup"
+    assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=3)] == reference
+    with pytest.raises(SpecExportError, match="drafter='bogus'"):
+        SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="bogus")
+    drafter, ks = open_draft(quant_engines["quant:int8"])
+    assert ks == (1, 3) and drafter.name == "quant:int8:b32:asym"
+
+
+def test_torchscript_is_refused_for_quantized_drafts(tiny, tmp_path):
+    cfg = BuildConfig(target=tiny["llama"]["target"], draft="quant:int4", formats=("onnx", "torchscript"),
+                      out=str(tmp_path / "e"), **SHAPES)
+    with pytest.raises(SpecExportError, match="ONNX .MatMulNBits. only"):
+        build(cfg, progress=False)
+    assert not (tmp_path / "e").exists()
+
+
+def test_bad_quant_spec_fails_before_any_work(tiny, tmp_path):
+    cfg = BuildConfig(target=tiny["llama"]["target"], draft="quant:int5", out=str(tmp_path / "e"), **SHAPES)
+    with pytest.raises(SpecExportError, match="quant:int4 or quant:int8"):
+        build(cfg, progress=False)
