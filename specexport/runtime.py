@@ -436,7 +436,7 @@ class Batch:
             logits = dec.target.prefill(chunk, past, last, kv_len, row0)  # [B, V]
             ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
-            if self.speculative:
+            if self.speculative and self.auto is None:  # (auto: lazily, at the first speculative step)
                 dec.drafter.prefill(chunk, past, kv_len, row0)
         # the first token, from the prefill logits, with each row's own sampling
         sampling = self._sampling(run, row0 + B)
@@ -453,7 +453,7 @@ class Batch:
             r = self.reqs[b]
             r.stats.prefill_s = prefill_s
             self.past_len[b] = self.lengths[b]
-            self.draft_valid[b] = self.lengths[b]
+            self.draft_valid[b] = self.lengths[b] if self.auto is None else 0
             self.prev[b] = r.ids[-1]
             self.current[b] = tok
             self.history[b, self.lengths[b]] = tok
