@@ -119,8 +119,19 @@ class DraftStep(_Step):
         tokens, pos = last_two, past_len - 1
         last = torch.ones_like(past_len)  # first pass: the logits after the second re-read token
         drafts, qs = [], []
+        pending = None
+        if not self.inplace:  # exported: the passes only read the caches; one write per layer at the end
+            n = self.n
+            L = key_pos.shape[0]
+            prefix = [c[:, :, :L] for c in kv]  # [B, Hkv, L, D] each, sliced once for all k passes
+            pending = (None, None)
         for i in range(self.k):
-            logits, kv = self._run(tokens, pos, key_pos, kv, last)
+            if pending is None:
+                logits, kv = self._run(tokens, pos, key_pos, kv, last)
+            else:
+                logits, pk, pv = self.model.run_pending(tokens.clamp(max=self.vocab - 1), past_len - 1, key_pos,
+                                                        prefix[:n], prefix[n:], *pending, last)
+                pending = (pk, pv)
             logits = self._to_target_vocab(logits)  # [B, 1, V]
             tok = logits[:, 0].argmax(-1)  # [B]
             if self.sampling:
@@ -130,11 +141,24 @@ class DraftStep(_Step):
             drafts.append(tok)
             pos = pos + tokens.shape[1]
             tokens, last = tok[:, None], torch.zeros_like(past_len)
+        if pending is not None:  # the k+1 fed positions past_len-1 .. past_len+k-1, written once
+            kv = _write_pending(kv, pending, past_len - 1)
         out = [torch.stack(drafts, 1)]  # [B, k]
         if self.sampling:
             out.append(torch.stack(qs, 1))  # [B, k, V]
         assert out[0].shape == (B, self.k)
         return (*out, *kv)
+
+
+def _write_pending(kv, pending, start):
+    """Scatter per-layer pending keys/values [B, Hkv, P, D] into the caches at positions start + arange(P)
+    (out of place: ONNX Runtime binds each cache as input and output, so the write happens in place)."""
+    pk, pv = pending
+    S = int(kv[0].shape[2])
+    Hkv, P, D = (int(d) for d in pk[0].shape[1:])
+    pos = (start[:, None] + torch.arange(P)).clamp(max=S - 1)  # [B, P]
+    idx = pos[:, None, :, None].expand(-1, Hkv, P, D)
+    return [c.scatter(2, idx, p) for c, p in zip(kv, list(pk) + list(pv))]
 
 
 class VerifyStep(_Step):

@@ -97,6 +97,37 @@ class Attention(nn.Module):
         return _linear(self.o_proj, out.transpose(1, 2).reshape(-1, T, self.h * self.d)), k_cache, v_cache
 
 
+    def forward_pending(self, x, cos, sin, bias_c, bias_p, k_prefix, v_prefix, k_pend, v_pend):
+        # Attention over a read-only cache prefix and the pending keys/values of this graph's earlier passes;
+        # this pass's keys/values are appended to the pending ones instead of being written to the cache.
+        # x: [B, T, hidden]; k_prefix, v_prefix: [B, Hkv, L, D]; k_pend, v_pend: [B, Hkv, P, D] or None;
+        # bias_c: [B, 1, G*T, L] or [B, 1, 1, L] additive (0 / -inf);
+        # bias_p: [T, P+T] additive, causal over pending + new
+        # returns out [B, T, hidden], k_pend, v_pend [B, Hkv, P+T, D]
+        T = _static(x.shape[1])
+        q, k, v = _linear(self.qkv_proj, x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q = q.reshape(-1, T, self.h, self.d)
+        k = k.reshape(-1, T, self.hkv, self.d)
+        v = v.reshape(-1, T, self.hkv, self.d)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
+        v = v.transpose(1, 2)
+        if k_pend is not None:
+            k, v = torch.cat([k_pend, k], 2), torch.cat([v_pend, v], 2)  # [B, Hkv, P+T, D]
+        G = self.h // self.hkv
+        qg = q.reshape(-1, self.hkv, G * T, self.d)  # query rows in (group, t) order
+        scale = self.d ** -0.5
+        s_c = torch.matmul(qg, k_prefix.transpose(2, 3)) * scale + bias_c  # [B, Hkv, G*T, L]
+        s_p = torch.matmul(qg, k.transpose(2, 3)) * scale + bias_p.repeat(G, 1)  # [B, Hkv, G*T, P+T]
+        probs = torch.cat([s_c, s_p], -1).float().softmax(-1).to(v.dtype)
+        L = s_c.shape[-1]
+        out = torch.matmul(probs[..., :L], v_prefix) + torch.matmul(probs[..., L:], v)  # [B, Hkv, G*T, D]
+        out = out.reshape(-1, self.h, T, self.d)
+        return _linear(self.o_proj, out.transpose(1, 2).reshape(-1, T, self.h * self.d)), k, v
+
+
 def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """[..., in] -> [..., out] through a 2-D matmul. Traced, it always carries a bias (a broadcast zero when the
     layer has none) so that ONNX export emits Gemm(transB=1) over the stored weight: no transposed copy of
@@ -176,6 +207,12 @@ class Block(nn.Module):
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), k_cache, v_cache
 
+    def forward_pending(self, x, cos, sin, bias_c, bias_p, k_prefix, v_prefix, k_pend, v_pend):
+        h, k_pend, v_pend = self.self_attn.forward_pending(self.input_layernorm(x), cos, sin, bias_c, bias_p,
+                                                           k_prefix, v_prefix, k_pend, v_pend)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), k_pend, v_pend
+
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -248,3 +285,41 @@ class StaticKVDecoder(nn.Module):
         if logits_index is not None:
             x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
         return _linear(self.lm_head, self.model.norm(x)).float(), keys, values
+
+    def run_pending(self, tokens: torch.Tensor, prefix_len: torch.Tensor, key_pos: torch.Tensor,
+                    k_prefix: list[torch.Tensor], v_prefix: list[torch.Tensor], k_pend: list | None,
+                    v_pend: list | None, logits_index: torch.Tensor):
+        """A pass that writes no cache (the fused draft graph's passes, see steps.DraftStep).
+
+        tokens: [B, T] long at positions prefix_len[b] + P + arange(T), where P is the pending length;
+        prefix_len: [B] long, cache positions < prefix_len are valid; key_pos: [L] = arange(L);
+        k_prefix, v_prefix: per layer [B, Hkv, L, D], read only; k_pend, v_pend: per layer [B, Hkv, P, D]
+        (None when P = 0), the keys/values earlier passes computed; logits_index: [B].
+        returns logits [B, 1, V] fp32 and the pending keys/values with this pass's appended [B, Hkv, P+T, D].
+        """
+        T = _static(tokens.shape[1])
+        P = 0 if k_pend is None else _static(k_pend[0].shape[2])
+        cfg = self.cfg
+        positions = prefix_len[:, None] + P + torch.arange(T, device=tokens.device)  # [B, T]
+        rope_pos = positions.clamp(max=self.max_positions - 1)
+        cos = self.rope_cos[rope_pos].unsqueeze(1)  # [B, 1, T, D]
+        sin = self.rope_sin[rope_pos].unsqueeze(1)
+        x = self.model.embed_tokens(tokens)
+        ninf = torch.tensor(float("-inf"), dtype=x.dtype)
+        zero = torch.zeros((), dtype=x.dtype)
+        valid = (key_pos < prefix_len[:, None])[:, None, None]  # [B, 1, 1, L]: every query sees the same prefix
+        bias_c = torch.where(valid, zero, ninf)
+        if cfg.sliding_window is not None:  # ... but for the window (pending keys are inside it: k + 2 < window)
+            valid = valid & (key_pos > positions[:, None, :, None] - cfg.sliding_window)  # [B, 1, T, L]
+            bias_c = grouped_mask_bias(valid, cfg.num_heads // cfg.num_kv_heads, x.dtype)  # [B, 1, G*T, L]
+        j = torch.arange(P + T)
+        bias_p = torch.where(j[None] <= P + torch.arange(T)[:, None], zero, ninf)  # [T, P+T]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.model.layers):
+            x, pk, pv = layer.forward_pending(x, cos, sin, bias_c, bias_p, k_prefix[i], v_prefix[i],
+                                              None if k_pend is None else k_pend[i],
+                                              None if v_pend is None else v_pend[i])
+            new_k.append(pk)
+            new_v.append(pv)
+        x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
+        return _linear(self.lm_head, self.model.norm(x)).float(), new_k, new_v

@@ -93,3 +93,26 @@ def test_gguf_loader_matches_transformers_gguf(smollm2_path):
     with torch.no_grad():
         torch.testing.assert_close(lm.model(ids, torch.zeros(1, dtype=torch.long), cache, ids.shape[1]),
                                    hf(ids).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+def test_exported_draft_passes_match_the_in_place_ones(tiny, family):
+    """The exported draft graph reads the caches and writes once at the end (run_pending); eagerly it writes
+    every pass in place. Same drafts, same cache contents (mistral: with its sliding window in play)."""
+    from specexport.models import load_model
+    from specexport.steps import make_step
+    m = load_model(tiny[family]["target"], "fp32", 64).model
+    cfg, B, S, k = m.cfg, 2, 64, 3
+    torch.manual_seed(0)
+    kv = [torch.randn(B, cfg.num_kv_heads, S, cfg.head_dim) for _ in range(2 * cfg.num_layers)]
+    past, L = torch.tensor([30, 9]), 40
+    last_two = torch.tensor([[5, 7], [11, 3]])
+    with torch.no_grad():
+        a = make_step(m, "draft", k, False, cfg.vocab_size, inplace=True, static=True)(
+            last_two, past, torch.arange(L), *[t.clone() for t in kv])
+        b = make_step(m, "draft", k, False, cfg.vocab_size, inplace=False, static=True)(
+            last_two, past, torch.arange(L), *[t.clone() for t in kv])
+    assert torch.equal(a[0], b[0])
+    for x, y in zip(a[1:], b[1:]):
+        for r in range(B):
+            torch.testing.assert_close(x[r, :, :past[r] + k], y[r, :, :past[r] + k], rtol=1e-5, atol=1e-5)

@@ -1,0 +1,72 @@
+#!/usr/bin/env python
+"""How close each quantized-copy setting is to its target (eager torch, dequantized weights):
+relative weight error over all linear layers, and teacher-forced top-1 agreement with the target over the
+prompt set (chat template, every position of every prompt). The draft's cost relative to the target is a
+runtime figure: `specexport bench` reports it per setting ("draft pass / target pass").
+
+    python tools/quant_report.py [--prompts FILE] [SPEC ...]     # default: the settings below
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specexport.models import KVCache, load_model  # noqa: E402
+from specexport.models.quant import QuantLinear, QuantSpec, quantize_model  # noqa: E402
+
+SETTINGS = ["quant:int4:b32:asym", "quant:int4:b32:sym", "quant:int4:b128:asym", "quant:int8:b32:sym",
+            "quant:int8:b128:asym"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("specs", nargs="*", default=SETTINGS)
+    ap.add_argument("--prompts", default=str(ROOT.parent / "shared" / "bench" / "prompts.jsonl"))
+    ap.add_argument("--max-tokens", type=int, default=512, help="positions per prompt")
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    target = load_model(None, "fp32", 2048)
+    tok = target.tokenizer
+    seqs = []
+    for line in Path(a.prompts).read_text().splitlines():
+        if line.strip():
+            text = tok.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
+                                           add_generation_prompt=True, tokenize=False)
+            seqs.append(torch.tensor(tok(text, add_special_tokens=False).input_ids[:a.max_tokens])[None])
+
+    def argmax(model, ids):
+        cache = KVCache.allocate(model.cfg, 1, 2048, torch.float32)
+        with torch.inference_mode():
+            return model(ids, torch.zeros(1, dtype=torch.long), cache, ids.shape[1])[0].argmax(-1)
+
+    ref = [argmax(target.model, s) for s in seqs]
+    weights = {n: m.weight.detach() for n, m in target.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    print("| setting | relative weight error | top-1 agreement (teacher-forced) | positions |")
+    print("|---|---|---|---|")
+    for spec in a.specs:
+        s = QuantSpec.parse(spec)
+        model = quantize_model(copy.deepcopy(target.model), s)
+        err = num = 0.0
+        for n, m in model.named_modules():
+            if isinstance(m, QuantLinear):
+                w = weights[n]
+                err += (m.dequantized() - w).pow(2).sum().item()
+                num += w.pow(2).sum().item()
+        agree = total = 0
+        for ids, r in zip(seqs, ref):
+            agree += (argmax(model, ids) == r).sum().item()
+            total += len(r)
+        print(f"| {s.name} | {(err / num) ** 0.5:.4f} | {agree / total:.4f} | {total} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
