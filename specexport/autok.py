@@ -11,7 +11,7 @@ k = 0 is the target-only step (E = 1, no draft), so speculation turns itself off
 Costs are measured per (k, batch size) from the step timings, as moving averages (the first call of each
 is dropped: it includes binding set-up). a is estimated per request from its own history (decayed counts
 of accepted drafts and rejections: the maximum-likelihood estimate of a geometric acceptance) and starts
-from the running estimate over all requests. Untried options are tried once; every `explore_every` steps
+from the running estimate over all requests, to which it returns while the request is not drafting. Untried options are tried once; every `explore_every` steps
 the option measured longest ago is re-measured, so costs and acceptance follow the load.
 """
 
@@ -41,8 +41,9 @@ class RowAcceptance:
     rejected: float = 0.0
 
     def observe(self, n_accepted: int, proposed: int, decay: float) -> None:
-        if proposed == 0:
-            return
+        """Every step decays the counts, also one without proposals (a target-only step), so that a request
+        whose estimate once fell below the pay-off point drifts back to the running estimate and is tried
+        again, instead of never drafting (and so never measuring) again."""
         self.accepted = decay * self.accepted + n_accepted
         self.rejected = decay * self.rejected + (1 if n_accepted < proposed else 0)
 
@@ -97,4 +98,5 @@ class AutoK:
 
     def observe_acceptance(self, row: RowAcceptance, n_accepted: int, proposed: int) -> None:
         row.observe(n_accepted, proposed, self.decay)
-        self.global_acc.observe(n_accepted, proposed, 0.99)
+        if proposed:
+            self.global_acc.observe(n_accepted, proposed, 0.99)

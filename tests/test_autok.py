@@ -69,6 +69,23 @@ def test_a_new_request_starts_from_the_running_estimate():
     assert ctl.acceptance(row) < 0.3  # (decayed counts: the prior still weighs a little)
 
 
+def test_a_request_that_stopped_drafting_is_tried_again():
+    ctl = AutoK((4,))
+    _measured(ctl, 1, {0: 1.0, 4: 1.5})
+    for _ in range(50):
+        ctl.observe_acceptance(RowAcceptance(), 3, 4)  # the running estimate: drafting pays
+    row = RowAcceptance()
+    for _ in range(10):
+        ctl.observe_acceptance(row, 0, 4)  # a bad patch for this request
+    assert ctl.choose(1, [row]) == 0
+    picks = []
+    for _ in range(30):  # target-only steps teach nothing about acceptance; the estimate relaxes to the prior
+        k = ctl.choose(1, [row])
+        picks.append(k)
+        ctl.observe_acceptance(row, 0, 0) if k == 0 else None
+    assert picks[-1] == 4
+
+
 def test_auto_greedy_equals_transformers(tiny):
     import torch
     t = tiny["llama"]

@@ -42,6 +42,15 @@ def prediction(st: dict, base: dict) -> tuple[float, float, float]:
     return a, predicted, measured
 
 
+def cost_ratios(st: dict, base: dict, k) -> tuple[float | None, float]:
+    """-> (one draft pass / one target-only step, or None for prompt lookup and auto; verify step / target-only
+    step), from the per-step seconds of one run and of the target-only run on the same prompt."""
+    base_step = (base["verify_s"] + base["host_s"]) / max(base["steps"], 1)
+    steps = max(st["steps"], 1)
+    draft = st["draft_s"] / steps / k / base_step if isinstance(k, int) and k > 0 else None
+    return draft, st["verify_s"] / steps / base_step
+
+
 def summarize(result: dict) -> dict:
     """Per mode and category: tok/s (geomean), x target-only, acceptance, tokens/step, predicted, measured."""
     recs = result["records"]
@@ -64,6 +73,11 @@ def summarize(result: dict) -> dict:
                             tokens_per_step=sum(s["mean_committed_per_step"] for s in sts) / len(sts),
                             predicted=geomean([p[1] for p in preds]), measured=geomean([p[2] for p in preds]))
                 cell["measured_over_predicted"] = cell["measured"] / cell["predicted"] if cell["predicted"] else 0.0
+                k = next(x["k"] for x in result["modes"] if x["name"] == m)
+                ratios = [cost_ratios(r["modes"][m]["stats"], r["modes"]["target_only"]["stats"], k) for r in sel]
+                cell["verify_cost_ratio"] = sum(v for _, v in ratios) / len(ratios)
+                if "prompt-lookup" not in m and ratios[0][0] is not None:
+                    cell["draft_pass_cost_ratio"] = sum(d for d, _ in ratios) / len(ratios)
                 ksteps: dict = defaultdict(int)
                 for s in sts:
                     for k, n in s["k_steps"].items():
@@ -104,12 +118,15 @@ def markdown(result: dict, summary: dict) -> str:
         cells = [f"{table[c][m]['tokens_per_s']:.1f} ({table[c][m]['x_target_only']:.2f}x)" for c in cats + ["all"]]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines += ["", "## speculative modes (all prompts)", "",
-              "| mode | acceptance | a (MLE) | tokens/step | predicted | measured | measured/predicted | "
-              "steps per k | identical to reference |", "|---|---|---|---|---|---|---|---|---|"]
+              "| mode | acceptance | a (MLE) | tokens/step | draft pass / target step | verify / target step | "
+              "predicted | measured | measured/predicted | steps per k | identical to reference |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in summary["modes"]:
         c = table["all"][m]
         if "predicted" in c:
+            draft = f"{c['draft_pass_cost_ratio']:.2f}" if "draft_pass_cost_ratio" in c else "-"
             lines.append(f"| {m} | {c['acceptance']:.2f} | {c['acceptance_mle']:.2f} | {c['tokens_per_step']:.2f} | "
+                         f"{draft} | {c['verify_cost_ratio']:.2f} | "
                          f"{c['predicted']:.2f}x | {c['measured']:.2f}x | {c['measured_over_predicted']:.2f} | "
                          f"{c['k_steps']} | {c['identical']}/{c['n']} |")
     lines += ["", "## best speculative mode per category", "",
