@@ -64,8 +64,9 @@ def _decoder(a):
 def _stats_line(st) -> str:
     return (f"{st.new_tokens} tokens, {st.tokens_per_s:.1f} tok/s | steps {st.steps} | drafted {st.drafted} | "
             f"accepted {st.accepted} ({st.acceptance_rate:.0%}) | {st.mean_committed_per_step:.2f} tokens/step | "
-            f"accept histogram {st.accept_hist} | draft {st.draft_s:.2f}s verify {st.verify_s:.2f}s "
-            f"host {st.host_s:.2f}s prefill {st.prefill_s:.2f}s")
+            f"accept histogram {st.accept_hist} | "
+            + (f"steps per k {dict(sorted(st.k_steps.items()))} | " if st.k == "auto" else "")
+            + f"draft {st.draft_s:.2f}s verify {st.verify_s:.2f}s host {st.host_s:.2f}s prefill {st.prefill_s:.2f}s")
 
 
 def cmd_generate(a) -> int:

@@ -54,6 +54,19 @@ def test_generate_from_engine_matches_checkpoint(built, texty, backend):  # noqa
     assert got["token_ids"] == ref["token_ids"] and got["stats"]["k"] == 3
 
 
+def test_generate_with_auto_k(built, texty):  # noqa: F811
+    out, _ = built
+    ref = json.loads(run("generate", "--target", texty, "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "10",
+                         "--max-seq-len", "64", "--json").stdout)
+    r = run("generate", str(out), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "10", "--k", "auto", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["token_ids"] == ref["token_ids"] and got["stats"]["k"] == "auto"
+    assert sum(got["stats"]["k_steps"].values()) == got["stats"]["steps"]
+    r = run("generate", str(out), "--prompt", "w1", "--k", "many")
+    assert r.returncode == 2 and "--k takes an integer or auto, got 'many'" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_generate_from_engine_streams(built):
     out, _ = built
     r = run("generate", str(out), "--prompt", "w5 w6 w7", "--max-new-tokens", "6", "--stream", "--temperature", "0.8",
