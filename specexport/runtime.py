@@ -242,6 +242,7 @@ class SpeculativeDecoder:
             return k
         if not isinstance(k, (int, np.integer)):
             raise SpecExportError(f"k must be an integer or 'auto', got {k!r}")
+        k = int(k)
         built = self.target.ks
         if built is not None and k not in built:
             raise SpecExportError(f"k={k} has no graphs in this engine (built: {', '.join(map(str, built))}): "

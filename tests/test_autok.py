@@ -97,6 +97,9 @@ def test_auto_greedy_equals_transformers(tiny):
         want = t["hf"].generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False)
         assert o.token_ids == want[0, len(p):].tolist()
         assert o.stats.k == "auto" and sum(o.stats.k_steps.values()) == o.stats.steps
+    import numpy as np
+    o = dec.generate(prompts[0], max_new_tokens=8, k=np.int64(2))[0]  # a numpy k is that k, not the largest
+    assert set(o.stats.k_steps) == {2}
 
 
 def test_draft_model_catches_up_after_target_only_steps(tiny):

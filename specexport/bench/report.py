@@ -4,6 +4,8 @@ Per prompt and speculative mode (terms as in autok.py):
   a          acceptance MLE: accepted / (accepted + rejections)
   E_pred     sum over steps of E(a, drafts proposed that step) / steps   (Leviathan's expected tokens per step)
   cost ratio (draft + verify + host seconds per step) / (target-only seconds per step, the same prompt)
+  draft pass / target step: draft seconds per step / k over target-only (verify + host) seconds per step;
+  verify / target step: verify seconds per step over the target-only verify seconds per step
   predicted  E_pred / cost ratio: the decode speedup the formula predicts
   measured   decode tokens/s over target-only decode tokens/s (prefill excluded on both sides, as in the formula);
              tok/s and "x target-only" columns are end to end (prefill included)
@@ -37,7 +39,7 @@ def prediction(st: dict, base: dict) -> tuple[float, float, float]:
     e_pred = sum(n * expected_tokens(a, d) for d, n in enumerate(st["proposed_hist"])) / steps
     step_s = (st["draft_s"] + st["verify_s"] + st["host_s"]) / steps
     base_step_s = (base["draft_s"] + base["verify_s"] + base["host_s"]) / max(base["steps"], 1)
-    predicted = e_pred / (step_s / base_step_s) if step_s > 0 else 0.0
+    predicted = e_pred / (step_s / base_step_s) if step_s > 0 and base_step_s > 0 else 0.0
     measured = _decode_rate(st) / _decode_rate(base) if _decode_rate(base) > 0 else 0.0
     return a, predicted, measured
 
@@ -46,9 +48,12 @@ def cost_ratios(st: dict, base: dict, k) -> tuple[float | None, float]:
     """-> (one draft pass / one target-only step, or None for prompt lookup and auto; verify step / target-only
     step), from the per-step seconds of one run and of the target-only run on the same prompt."""
     base_step = (base["verify_s"] + base["host_s"]) / max(base["steps"], 1)
+    base_verify = base["verify_s"] / max(base["steps"], 1)
     steps = max(st["steps"], 1)
+    if base_step <= 0 or base_verify <= 0:  # no decode step (first token EOS, max_new_tokens 1)
+        return None, 0.0
     draft = st["draft_s"] / steps / k / base_step if isinstance(k, int) and k > 0 else None
-    return draft, st["verify_s"] / steps / base_step
+    return draft, st["verify_s"] / steps / base_verify
 
 
 def summarize(result: dict) -> dict:
@@ -76,8 +81,9 @@ def summarize(result: dict) -> dict:
                 k = next(x["k"] for x in result["modes"] if x["name"] == m)
                 ratios = [cost_ratios(r["modes"][m]["stats"], r["modes"]["target_only"]["stats"], k) for r in sel]
                 cell["verify_cost_ratio"] = sum(v for _, v in ratios) / len(ratios)
-                if "prompt-lookup" not in m and ratios[0][0] is not None:
-                    cell["draft_pass_cost_ratio"] = sum(d for d, _ in ratios) / len(ratios)
+                drafts = [d for d, _ in ratios if d is not None]
+                if "prompt-lookup" not in m and drafts:
+                    cell["draft_pass_cost_ratio"] = sum(drafts) / len(drafts)
                 ksteps: dict = defaultdict(int)
                 for s in sts:
                     for k, n in s["k_steps"].items():
@@ -145,7 +151,8 @@ def markdown(result: dict, summary: dict) -> str:
 
 
 def plots(result: dict, summary: dict, out: Path) -> list[str]:
-    """speedup_vs_k.png (measured solid, predicted dashed, per drafter) and accept_hist.png."""
+    """speedup_vs_k.png (decode speedup per drafter: measured solid, predicted dashed, auto dotted) and
+    accept_hist.png."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -159,15 +166,15 @@ def plots(result: dict, summary: dict, out: Path) -> list[str]:
     for i, (d, pts) in enumerate(sorted(by_drafter.items())):
         pts.sort()
         ks = [k for k, _ in pts]
-        line, = ax.plot(ks, [table[n]["x_target_only"] for _, n in pts], marker="o", label=f"{d} measured")
+        line, = ax.plot(ks, [table[n]["measured"] for _, n in pts], marker="o", label=f"{d} measured")
         ax.plot(ks, [table[n]["predicted"] for _, n in pts], ls="--", color=line.get_color(),
-                label=f"{d} predicted (decode)")
+                label=f"{d} predicted (Leviathan)")
         auto = f"{d}@auto"
         if auto in table:
-            ax.axhline(table[auto]["x_target_only"], color=line.get_color(), ls=":", label=f"{d} auto")
+            ax.axhline(table[auto]["measured"], color=line.get_color(), ls=":", label=f"{d} auto, measured")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xlabel("k (draft tokens per step)")
-    ax.set_ylabel("speedup over target-only (geomean)")
+    ax.set_ylabel("decode speedup over target-only (geomean)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "speedup_vs_k.png", dpi=120)

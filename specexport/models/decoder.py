@@ -309,11 +309,14 @@ class StaticKVDecoder(nn.Module):
         zero = torch.zeros((), dtype=x.dtype)
         valid = (key_pos < prefix_len[:, None])[:, None, None]  # [B, 1, 1, L]: every query sees the same prefix
         bias_c = torch.where(valid, zero, ninf)
-        if cfg.sliding_window is not None:  # ... but for the window (pending keys are inside it: k + 2 < window)
+        if cfg.sliding_window is not None:  # ... but for the window
             valid = valid & (key_pos > positions[:, None, :, None] - cfg.sliding_window)  # [B, 1, T, L]
             bias_c = grouped_mask_bias(valid, cfg.num_heads // cfg.num_kv_heads, x.dtype)  # [B, 1, G*T, L]
-        j = torch.arange(P + T)
-        bias_p = torch.where(j[None] <= P + torch.arange(T)[:, None], zero, ninf)  # [T, P+T]
+        j, t = torch.arange(P + T)[None], P + torch.arange(T)[:, None]  # key and query offsets from prefix_len
+        seen = j <= t
+        if cfg.sliding_window is not None:
+            seen = seen & (j > t - cfg.sliding_window)
+        bias_p = torch.where(seen, zero, ninf)  # [T, P+T]
         new_k, new_v = [], []
         for i, layer in enumerate(self.model.layers):
             x, pk, pv = layer.forward_pending(x, cos, sin, bias_c, bias_p, k_prefix[i], v_prefix[i],
