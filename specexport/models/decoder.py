@@ -72,38 +72,9 @@ class Attention(nn.Module):
         self.qkv_proj = _concat_linears([self.q_proj, self.k_proj, self.v_proj])
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache, inplace: bool):
-        # x: [B, T, hidden]; cos, sin: [B, 1, T, D]; write_idx: [B, kv_heads, T, D] long
-        # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D]
-        # returns out [B, T, hidden] and the caches with the new keys/values written (in place, or as new
-        # tensors for ONNX export, where ONNX Runtime binds the same buffer to the input and the output)
-        T = _static(x.shape[1])  # batch stays symbolic (-1) in exported graphs
-        q, k, v = _linear(self.qkv_proj, x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        q = q.reshape(-1, T, self.h, self.d)
-        k = k.reshape(-1, T, self.hkv, self.d)
-        v = v.reshape(-1, T, self.hkv, self.d)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, kv_heads, T, D]
-        v = v.transpose(1, 2)
-        if inplace:
-            k_cache.scatter_(2, write_idx, k)
-            v_cache.scatter_(2, write_idx, v)
-        else:
-            k_cache, v_cache = k_cache.scatter(2, write_idx, k), v_cache.scatter(2, write_idx, v)
-        L = mask.shape[-1]
-        out = _attention(q, k_cache[:, :, :L], v_cache[:, :, :L], mask)  # [B, H, T, D]
-        return _linear(self.o_proj, out.transpose(1, 2).reshape(-1, T, self.h * self.d)), k_cache, v_cache
-
-
-    def forward_pending(self, x, cos, sin, bias_c, bias_p, k_prefix, v_prefix, k_pend, v_pend):
-        # Attention over a read-only cache prefix and the pending keys/values of this graph's earlier passes;
-        # this pass's keys/values are appended to the pending ones instead of being written to the cache.
-        # x: [B, T, hidden]; k_prefix, v_prefix: [B, Hkv, L, D]; k_pend, v_pend: [B, Hkv, P, D] or None;
-        # bias_c: [B, 1, G*T, L] or [B, 1, 1, L] additive (0 / -inf);
-        # bias_p: [T, P+T] additive, causal over pending + new
-        # returns out [B, T, hidden], k_pend, v_pend [B, Hkv, P+T, D]
+    def _qkv(self, x, cos, sin):
+        """x [B, T, hidden] -> q [B, H, T, D], k and v [B, Hkv, T, D], rotated (and q/k-normed where the family
+        has it)."""
         T = _static(x.shape[1])
         q, k, v = _linear(self.qkv_proj, x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q = q.reshape(-1, T, self.h, self.d)
@@ -113,7 +84,33 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
         k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
-        v = v.transpose(1, 2)
+        return q, k, v.transpose(1, 2)
+
+    def forward(self, x, cos, sin, write_idx, mask, k_cache, v_cache, inplace: bool):
+        # x: [B, T, hidden]; cos, sin: [B, 1, T, D]; write_idx: [B, kv_heads, T, D] long
+        # mask: [B, 1, T, L] bool; k_cache, v_cache: [B, kv_heads, S, D]
+        # returns out [B, T, hidden] and the caches with the new keys/values written (in place, or as new
+        # tensors for ONNX export, where ONNX Runtime binds the same buffer to the input and the output)
+        T = _static(x.shape[1])  # batch stays symbolic (-1) in exported graphs
+        q, k, v = self._qkv(x, cos, sin)
+        if inplace:
+            k_cache.scatter_(2, write_idx, k)
+            v_cache.scatter_(2, write_idx, v)
+        else:
+            k_cache, v_cache = k_cache.scatter(2, write_idx, k), v_cache.scatter(2, write_idx, v)
+        L = mask.shape[-1]
+        out = _attention(q, k_cache[:, :, :L], v_cache[:, :, :L], mask)  # [B, H, T, D]
+        return _linear(self.o_proj, out.transpose(1, 2).reshape(-1, T, self.h * self.d)), k_cache, v_cache
+
+    def forward_pending(self, x, cos, sin, bias_c, bias_p, k_prefix, v_prefix, k_pend, v_pend):
+        # Attention over a read-only cache prefix and the pending keys/values of this graph's earlier passes;
+        # this pass's keys/values are appended to the pending ones instead of being written to the cache.
+        # x: [B, T, hidden]; k_prefix, v_prefix: [B, Hkv, L, D]; k_pend, v_pend: [B, Hkv, P, D] or None;
+        # bias_c: [B, 1, G*T, L] or [B, 1, 1, L] additive (0 / -inf);
+        # bias_p: [T, P+T] additive, causal over pending + new
+        # returns out [B, T, hidden], k_pend, v_pend [B, Hkv, P+T, D]
+        T = _static(x.shape[1])
+        q, k, v = self._qkv(x, cos, sin)
         if k_pend is not None:
             k, v = torch.cat([k_pend, k], 2), torch.cat([v_pend, v], 2)  # [B, Hkv, P+T, D]
         G = self.h // self.hkv
