@@ -479,16 +479,16 @@ class Batch:
         """After target-only steps a draft model has not seen the latest committed tokens: prefill them (rows
         0..B-1; rows already up to date rewrite their last two committed tokens, identical KV)."""
         dec, C = self.dec, self.C
-        need = [b for b in rows if self.draft_valid[b] < int(self.past_len[b]) - 1]
+        need = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2]
         while need:
-            starts = [min(self.draft_valid[b], int(self.past_len[b]) - 1) if self.reqs[b] is not None else 0
+            starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
                       for b in range(B)]
             chunk = self._chunk(list(range(B)), starts)
             past = torch.tensor(starts)
             dec.drafter.prefill(chunk, past, min(max(starts) + chunk.shape[1], dec.config.cache_len), 0)
             for b in need:
-                self.draft_valid[b] = min(starts[b] + chunk.shape[1], int(self.past_len[b]) - 1)
-            need = [b for b in need if self.draft_valid[b] < int(self.past_len[b]) - 1]
+                self.draft_valid[b] = min(starts[b] + chunk.shape[1], self.lengths[b] - 2)
+            need = [b for b in need if self.draft_valid[b] < self.lengths[b] - 2]
 
     def _choose_k(self, rows: list[int], B: int) -> int:
         if not self.speculative:
@@ -578,7 +578,7 @@ class Batch:
         self.current[:B] = nxt
         if k:  # the draft model saw every committed position but the last two
             for b in rows:
-                self.draft_valid[b] = int(self.past_len[b]) - 1
+                self.draft_valid[b] = self.lengths[b] - 2
         t3 = time.perf_counter()
         if self.auto is not None:
             self.auto.observe_cost(k, B, t3 - t0)

@@ -3,7 +3,7 @@ distribution: the chi-square test of tests/test_runtime_sampling.py, run on a bu
 
 import pytest
 
-from specexport import SamplingParams, SpeculativeDecoder
+from specexport import SpeculativeDecoder
 from specexport.config import BuildConfig
 from specexport.export.build import build
 from test_runtime_sampling import CASES, N, chi2_pvalue, exact_distribution, sample, small  # noqa: F401 (fixture)
@@ -27,11 +27,7 @@ def test_onnxruntime_samples_have_the_target_distribution(small, engine, sp):  #
 
 def test_onnxruntime_target_only_sampling(small, engine):  # noqa: F811
     sp = CASES[3]
-    samples = []
-    for start in range(0, N, 100):
-        params = [SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=start + i) for i in range(100)]
-        samples += [tuple(o.token_ids) for o in engine.generate([[1, 2, 3, 1, 2]] * 100, max_new_tokens=3,
-                                                                sampling=params, speculative=False)]
+    samples = sample(engine, sp, N, speculative=False)
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
 
 
@@ -47,9 +43,5 @@ def quant_engine(small, tmp_path_factory):  # noqa: F811
 def test_quantized_draft_samples_have_the_target_distribution(small, quant_engine, k):  # noqa: F811
     """The draft's q comes from MatMulNBits with int8 activations; the rule keeps p exact, fixed k or auto."""
     sp = CASES[0]
-    samples = []
-    for start in range(0, N, 100):
-        params = [SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=start + i) for i in range(100)]
-        samples += [tuple(o.token_ids) for o in quant_engine.generate([[1, 2, 3, 1, 2]] * 100, max_new_tokens=3,
-                                                                      sampling=params, k=k)]
+    samples = sample(quant_engine, sp, N, k=k)
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
