@@ -12,7 +12,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .config import BACKENDS, FORMATS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, SamplingParams
+from .config import ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, SamplingParams
 from .errors import SpecExportError
 
 
@@ -26,7 +26,9 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, help=f"prompt + generated tokens per row (default {d['max_seq_len']})")
     p.add_argument("--max-batch", type=int, help=f"default {d['max_batch']}")
     p.add_argument("--prefill-chunk", type=int, help=f"C, prompt tokens per prefill pass (default {d['prefill_chunk']})")
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help=f"default {d['dtype']}")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
+                   help=f"default {d['dtype']}; build without --dtype keeps a GGUF's quantized weights as stored "
+                        "(fp32 activations elsewhere), with it every weight is dequantized to that dtype")
 
 
 def _shape_options(a) -> dict:
@@ -122,7 +124,8 @@ def cmd_build(a) -> int:
     from .export.build import build
     formats = tuple(f.strip() for f in a.format.split(",") if f.strip())
     cfg = BuildConfig(target=a.target, draft=a.draft, ks=_parse_ks(a.k), formats=formats,
-                      sampling=not a.greedy_only, out=a.out, **_shape_options(a))
+                      sampling=not a.greedy_only, out=a.out, ops=a.ops, target_quant=a.target_quant,
+                      activations=a.activations, **_shape_options(a))
     summary = build(cfg, progress=not a.json)
     if a.triton_repo:
         from .triton.repository import write_repository
@@ -184,6 +187,45 @@ def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) 
     return str(out)
 
 
+VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-gguf-fp32act": dict(activations="fp32")}
+
+
+def _versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
+    """One of the peer comparison's engines of the default model (reused when its manifest matches)."""
+    from .export.build import build
+    from .export.manifest import MANIFEST
+    opts = VERSUS_ENGINES[label]
+    cfg = BuildConfig(ks=ks, max_seq_len=1024, max_batch=1, sampling=False, out=str(folder / label), **opts)
+    out = folder / label
+    if (out / MANIFEST).exists():
+        m = json.loads((out / MANIFEST).read_text())
+        if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations")) == \
+                (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations):
+            return str(out)
+    print(f"[bench] building {label} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
+    build(cfg, True)
+    return str(out)
+
+
+def cmd_versus(a, prompts: str, ks: tuple[int, ...]) -> int:
+    from .bench.versus import VersusConfig, check_peers, run_versus, write_versus
+    from .models.loading import default_model_path
+    peers = check_peers(tuple(x for x in a.peers.split(",") if x))
+    try:
+        lookup = tuple(int(x) for x in a.lookup.split(",") if x)
+    except ValueError:
+        raise SpecExportError(f"--lookup takes draft lengths, e.g. 4 or 4,10; got {a.lookup!r}") from None
+    engines = {label: _versus_engine(label, ks, Path(a.engines_dir)) for label in VERSUS_ENGINES}
+    cfg = VersusConfig(prompts=prompts, engines=engines, gguf=default_model_path(), peers=peers, lookup=lookup,
+                       max_new_tokens=a.max_new_tokens, per_category=a.per_category, reps=a.reps,
+                       threads=a.threads or 2, hf=a.hf != "none")
+    result = run_versus(cfg, log=lambda s: print(s, file=sys.stderr))
+    rep = write_versus(result, a.out)
+    print(rep["markdown"])
+    print("written: " + ", ".join(rep["files"]), file=sys.stderr)
+    return 0
+
+
 def cmd_bench(a) -> int:
     from .bench.report import write_report
     from .bench.runner import BenchConfig, run_bench
@@ -191,6 +233,8 @@ def cmd_bench(a) -> int:
     if not Path(prompts).is_file():
         raise SpecExportError(f"prompt file {prompts} does not exist: pass --prompts FILE.jsonl")
     ks = _parse_ks(a.k) if a.k else (2, 4, 8)
+    if a.peers:
+        return cmd_versus(a, prompts, ks)
     engines = a.engine or [_bench_engine(d, ks, Path(a.engines_dir), True)
                            for d in (x for x in a.drafts.split(",") if x)]
     hf = () if a.hf == "none" else tuple(x for x in a.hf.split(",") if x)
@@ -232,6 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                 f"(default {BuildConfig.ks[0]})")
     _add_shape_args(b)
     b.add_argument("--format", default=",".join(BuildConfig.formats), help=f"comma-separated: {', '.join(FORMATS)}")
+    b.add_argument("--target-quant", default=None, metavar="SPEC",
+                   help="quantize the target's linear layers weight-only: int4|int8[:b<block>][:sym|:asym] "
+                        "(MatMulNBits; ONNX only)")
+    b.add_argument("--activations", choices=ACTIVATIONS, default=BuildConfig.activations,
+                   help="quantized layers (GGUF weights as stored, --target-quant) compute with int8 activations "
+                        "(fast; ONNX Runtime's kernel defines the target) or fp32 (matches transformers on the "
+                        "dequantized weights)")
+    b.add_argument("--ops", choices=OPS, default=BuildConfig.ops,
+                   help="ONNX graph set: fused (ONNX Runtime's fused ops: GroupQueryAttention, SkipSimplified"
+                        "LayerNormalization; fastest) or portable (standard ONNX ops, for other runtimes)")
     b.add_argument("--greedy-only", action="store_true", help="skip the sampling graphs")
     b.add_argument("--out", default=BuildConfig.out, help="the engine folder to write")
     b.add_argument("--json", action="store_true", help="print a machine-readable summary")
@@ -275,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--hf", default="generate,prompt_lookup,assistant_int8",
                     help="transformers baselines: comma-separated generate, prompt_lookup, assistant_int8, or none")
     bn.add_argument("--no-auto", action="store_true", help="skip the k=auto rows")
+    bn.add_argument("--peers", default=None,
+                    help="compare with peers on the same GGUF instead: llama.cpp,ort-genai (the [peers] extra; a "
+                         "missing peer prints one line and is skipped); builds se-fp32, se-gguf, se-gguf-fp32act")
+    bn.add_argument("--lookup", default="4", help="--peers: the peers' lookup / n-gram draft lengths (e.g. 4,10)")
+    bn.add_argument("--reps", type=int, default=1, help="--peers: repetitions over the prompt set")
     bn.add_argument("--no-prepack", action="store_true", help="onnxruntime without weight pre-packing")
     bn.add_argument("--threads", type=int, default=None)
     bn.add_argument("--out", default="bench-results")

@@ -75,6 +75,8 @@ class DecoderConfig:
 
 
 FORMATS = ("onnx", "torchscript")
+OPS = ("fused", "portable")
+ACTIVATIONS = ("int8", "fp32")  # ONNX graph sets: ONNX Runtime's fused ops, or standard ops any runtime has
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,13 @@ class BuildConfig:
     max_seq_len: int = DecoderConfig.max_seq_len
     max_batch: int = DecoderConfig.max_batch
     prefill_chunk: int = DecoderConfig.prefill_chunk
-    dtype: str = DecoderConfig.dtype
+    dtype: str | None = None  # None: a GGUF's quantized weights as stored, all else fp32; fp32/fp16/bf16: dequantized
+    target_quant: str | None = None  # int4|int8[:b<block>][:sym|:asym]: the target's linears weight-only quantized
+    activations: str = "int8"  # quantized layers (GGUF as stored, --target-quant) compute with int8 or fp32 activations
     formats: tuple[str, ...] = ("onnx",)
     sampling: bool = True  # also build the sampling graphs (greedy graphs are always built)
     out: str = "engines/default"
+    ops: str = "fused"  # the ONNX graph set (OPS); TorchScript always runs the portable modules
 
     def __post_init__(self):
         if not self.ks or any(k < 1 for k in self.ks):
@@ -98,8 +103,24 @@ class BuildConfig:
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
             raise SpecExportError(f"unknown format {', '.join(unknown) or '(none)'}; choose from {', '.join(FORMATS)}")
+        if self.activations not in ACTIVATIONS:
+            raise SpecExportError(f"--activations {self.activations!r}: choose {' or '.join(ACTIVATIONS)}")
+        if self.target_quant is not None:
+            self.target_quant_spec()  # a bad spec fails before any work
+        if self.ops not in OPS:
+            raise SpecExportError(f"--ops {self.ops!r} is not a graph set; choose {' or '.join(OPS)}")
         self.decoder()  # validates the shape fields
+
+    @property
+    def accuracy_level(self) -> int:
+        """MatMulNBits' accuracy_level for quantized layers: 4 = int8 activations, 0 = fp32."""
+        return 4 if self.activations == "int8" else 0
+
+    def target_quant_spec(self):
+        from .models.quant import QUANT_PREFIX, QuantSpec
+        spec = QuantSpec.parse(QUANT_PREFIX + self.target_quant, option="--target-quant")
+        return QuantSpec(spec.bits, spec.block_size, spec.symmetric, self.accuracy_level)
 
     def decoder(self, **overrides) -> DecoderConfig:
         return DecoderConfig(**{"k": max(self.ks), "max_seq_len": self.max_seq_len, "max_batch": self.max_batch,
-                                "prefill_chunk": self.prefill_chunk, "dtype": self.dtype, **overrides})
+                                "prefill_chunk": self.prefill_chunk, "dtype": self.dtype or "fp32", **overrides})

@@ -146,12 +146,15 @@ def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:
     return LoadedModel(model, target.config, target.tokenizer, spec.name)
 
 
-def load_draft(spec: str, target: LoadedModel, cfg: DecoderConfig) -> LoadedModel:
-    """Load a draft model and check that it fits the target (before any heavy work on it)."""
+def load_draft(spec: str, target: LoadedModel, cfg: DecoderConfig, gguf_stored: bool = False,
+               accuracy_level: int = 4) -> LoadedModel:
+    """Load a draft model and check that it fits the target (before any heavy work on it). gguf_stored: a GGUF
+    draft keeps its quantized weights as stored (see load_model)."""
     if is_quant_spec(spec):
         return quantized_copy(target, QuantSpec.parse(spec))
     path = resolve_path(spec, role="draft")
     read_config(path)  # unsupported architectures fail here, before the weights load
-    loaded = load_model(path, cfg.dtype, cfg.cache_len, role="draft")
+    loaded = load_model(path, cfg.dtype, cfg.cache_len, role="draft", gguf_stored=gguf_stored,
+                        accuracy_level=accuracy_level)
     check_vocab(target, loaded)
     return loaded

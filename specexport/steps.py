@@ -13,8 +13,11 @@ order (`io_names` gives the names), with every layer's KV cache as an input and 
 
 kv is (key.0 .. key.{n-1}, value.0 .. value.{n-1}), each [B, Hkv, S, D]. key_pos is arange(L): attention reads
 the first L cache positions (L >= max(past_len) + tokens; the engines pass S when shapes must be fixed).
-verify with k = 0 is the target-only step. Greedy graphs take no sampling inputs; in sampling graphs,
-rows with greedy[b] take the greedy rule (their temperature must be passed as 1).
+verify with k = 0 is the target-only step. The fused graph set (ONNX Runtime's ops, models/ort_ops.py) has no
+fused k-pass draft graph: its draft runs one pass per call, `draft_pass{W}`: tokens [B, W] (W = 1 or 2, the
+last W committed or drafted tokens, the last at past_len) -> draft [B, 1] (and q [B, 1, V]), KV written in place.
+Greedy graphs take no sampling inputs; in sampling graphs, rows with greedy[b] take the greedy rule (their
+temperature must be passed as 1).
 The draft's tokens and q are in the target's vocabulary (a larger draft vocabulary is cut, a smaller one
 padded with q = 0), so the verifier never sees the draft's own vocabulary size.
 """
@@ -56,6 +59,8 @@ def io_names(kind: str, k: int, sampling: bool, num_layers: int) -> tuple[list[s
         ins, outs = ["tokens", "past_len", "last_index", "key_pos"], ["logits"]
     elif kind == "draft":
         ins, outs = ["last_two", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
+    elif kind == "draft_pass":
+        ins, outs = ["tokens", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
     elif kind == "verify":
         ins = ["tokens", "draft_len", "past_len", "key_pos"] + s_in + (["q"] if sampling and k > 0 else [])
         outs = ["n_accepted", "next", "committed"]
@@ -65,7 +70,11 @@ def io_names(kind: str, k: int, sampling: bool, num_layers: int) -> tuple[list[s
 
 
 def graph_name(kind: str, k: int = 0, sampling: bool = False) -> str:
-    return "prefill" if kind == "prefill" else f"{kind}_k{k}_{'sample' if sampling else 'greedy'}"
+    """prefill, draft_k{k}_{mode}, verify_k{k}_{mode}, draft_pass{W}_{mode} (k is the width W there)."""
+    mode = "sample" if sampling else "greedy"
+    if kind == "prefill":
+        return "prefill"
+    return f"draft_pass{k}_{mode}" if kind == "draft_pass" else f"{kind}_k{k}_{mode}"
 
 
 class _Step(nn.Module):
@@ -109,18 +118,20 @@ class DraftStep(_Step):
         return logits
 
     def forward(self, last_two, past_len, key_pos, *rest):
-        # last_two [B, 2] at positions past_len-1, past_len; sampling: temperature, top_k, top_p, greedy [B], u [B, k]
+        # last_two [B, W] at positions past_len-W+1 .. past_len (W = 2; a draft_pass graph also takes W = 1);
+        # sampling: temperature, top_k, top_p, greedy [B], u [B, k]
         if self.sampling:
             temperature, top_k, top_p, greedy, u = rest[:5]
             kv = rest[5:]
         else:
             kv = rest
-        B = last_two.shape[0]
-        tokens, pos = last_two, past_len - 1
-        last = torch.ones_like(past_len)  # first pass: the logits after the second re-read token
+        B, W = last_two.shape[0], int(last_two.shape[1])
+        tokens, pos = last_two, past_len - (W - 1)
+        last = torch.full_like(past_len, W - 1)  # first pass: the logits after the last re-read token
         drafts, qs = [], []
         pending = None
-        if not self.inplace:  # exported: the passes only read the caches; one write per layer at the end
+        if not self.inplace and self.model.ops != "fused":  # exported: the passes only read the caches; one
+            # write per layer at the end (fused: GroupQueryAttention writes in place, one pass per graph)
             n = self.n
             L = key_pos.shape[0]
             prefix = [c[:, :, :L] for c in kv]  # [B, Hkv, L, D] each, sliced once for all k passes
@@ -141,8 +152,8 @@ class DraftStep(_Step):
             drafts.append(tok)
             pos = pos + tokens.shape[1]
             tokens, last = tok[:, None], torch.zeros_like(past_len)
-        if pending is not None:  # the k+1 fed positions past_len-1 .. past_len+k-1, written once
-            kv = _write_pending(kv, pending, past_len - 1)
+        if pending is not None:  # the k+W-1 fed positions past_len-W+1 .. past_len+k-1, written once
+            kv = _write_pending(kv, pending, past_len - (W - 1))
         out = [torch.stack(drafts, 1)]  # [B, k]
         if self.sampling:
             out.append(torch.stack(qs, 1))  # [B, k, V]
@@ -202,6 +213,8 @@ def make_step(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_
         return PrefillStep(model, **kw)
     if kind == "draft":
         return DraftStep(model, k, sampling, target_vocab, **kw)
+    if kind == "draft_pass":  # one pass (k = 1) over W = k tokens
+        return DraftStep(model, 1, sampling, target_vocab, **kw)
     if kind == "verify":
         return VerifyStep(model, k, sampling, **kw)
     raise ValueError(kind)

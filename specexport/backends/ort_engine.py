@@ -3,14 +3,28 @@
 - Weights: `weights.safetensors` is memory-mapped once and every tensor becomes one OrtValue that all of the
   model's sessions (one per step graph) share through SessionOptions.add_initializer: the weights are in
   memory once, however many graphs the model has.
-- MLAS pre-packing is off by default: each session would keep its own packed copy of every weight.
-  `prepack=True` trades that memory (one extra copy of the weights per step graph used) for speed:
-  multi-token passes (verify over k+1, prefill chunks) then cost little more than a one-token pass.
+- MLAS pre-packing is off by default for fp32 engines: each session keeps its own packed copy of every weight
+  (ONNX Runtime's Python API has no shared pre-packed weights container). `prepack=True` trades that memory
+  (one packed copy per step graph used) for speed: multi-token passes (verify over k+1, prefill chunks) then
+  cost little more than a one-token pass. Quantized layers (MatMulNBits) always pre-pack (about 150x slower
+  without). Sessions open at their first use (`preload=True`: all at load), and once a session has packed
+  its weights the mapped file's pages go back to the page cache, so a run holds one packed copy per graph it
+  calls and not the unpacked original as well.
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
   binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
   new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
 - Per (graph, batch) one IOBinding, made on first use: outputs bound to preallocated buffers, inputs copied
   into preallocated OrtValues (`update_inplace`), so a step allocates nothing of its own.
+- Graph sets: "portable" (standard ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py; the build's
+  default). Fused graphs write the caches inside GroupQueryAttention, whose CPU kernel takes multi-token rows
+  with a past only at batch 1: such calls (prefill, verify) at batch B > 1 run row by row. A fused draft has one
+  graph per pass (draft_pass1/2), chained here: k calls, each feeding the token the previous one drafted.
+- Exact target-only steps (fused): ONNX Runtime computes a one-token pass with other kernels than a multi-token
+  pass (GroupQueryAttention and fp32 matmuls round differently at M = 1 and agree with each other for every
+  M >= 2), so a 1-token target step could differ from the same position verified in a k+1-token pass after a
+  near tie. At batch 1 the target-only step is therefore a 2-token verify_k1 pass over [current, current] with
+  draft_len 0: every target pass has >= 2 rows and speculative output equals target-only output token for
+  token. Batched target-only steps (B > 1) keep the 1-token batched kernel (see README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
   `enable_cuda_graph` and one gpu_graph_id per (graph, batch); key_pos is then always the full S so that
   every replay has the same shapes. The provider copies the shared host weights into each session, so on
@@ -54,7 +68,7 @@ class OrtEngine:
 
     def __init__(self, folder: Path, entry: dict, max_batch: int, cache_len: int, ks: tuple[int, ...],
                  threads: int | None = None, device: str = "cpu", target_vocab: int | None = None,
-                 prepack: bool = False):
+                 prepack: bool = False, ops: str = "portable", preload: bool = False):
         import onnxruntime as ort
         self.ort = ort
         self.folder = folder
@@ -62,6 +76,7 @@ class OrtEngine:
         self.vocab_size = self.config.vocab_size
         self.target_vocab = target_vocab or self.vocab_size
         self.graphs = entry["graphs"]  # name -> {"file", "inputs", "outputs"}
+        self.fused = ops == "fused"
         self.ks = ks
         self.max_batch, self.cache_len = max_batch, cache_len
         self.device = device
@@ -74,7 +89,7 @@ class OrtEngine:
             self.providers = ["CPUExecutionProvider"]
         self.threads = threads
         # a quantized draft's MatMulNBits runs only over pre-packed weights (about 60x slower without them)
-        self.prepack = prepack or bool(entry.get("quant"))
+        self.prepack = prepack or bool(entry.get("quant") or entry.get("quant_layers"))
         if entry["kv_dtype"] == "bfloat16":
             raise SpecExportError("bf16 engines have no numpy type for ONNX Runtime's buffers here: build with "
                                   "--dtype fp16 (CUDA) or fp32, or load this one with backend='torch'")
@@ -93,8 +108,9 @@ class OrtEngine:
         self.key_pos = np.arange(cache_len, dtype=np.int64)  # [S]; key_pos[:L] is bound without a copy
         self._sessions: dict[str, object] = {}
         self.busy_s = 0.0  # seconds inside session runs (the benchmark's host-overhead split)
-        for name in self.graphs:  # all sessions now: loading is slow so that the first request is not
-            self.session(name)
+        if preload:  # every session now (slow loading, fast first request); else each at its first use, so
+            for name in self.graphs:  # that a run holds packed weights only for the graphs it calls
+                self.session(name)
         self._bindings: dict[tuple[str, int], _Binding] = {}
 
     def _session_options(self, prepack: bool, spin: bool = True):
@@ -134,7 +150,22 @@ class OrtEngine:
             # keeps spinning (about 15% faster that way).
             spin = name.startswith("verify_k0_")
             self._sessions[name] = self._open(self.graphs[name]["file"], self.prepack, spin)
+            if self.prepack and self.device != "cuda":
+                self._drop_weight_pages()
         return self._sessions[name]
+
+    def _drop_weight_pages(self) -> None:
+        """After a session pre-packed its weights it reads only the packed copy (and the few tensors no kernel
+        packs: embedding rows, norms): hand the mapped file's pages back to the page cache (MADV_DONTNEED on a
+        read-only file mapping: whatever is read again is faulted back in from the file)."""
+        import mmap
+        for arr in self._weights.values():
+            base = arr.base
+            while base is not None and not isinstance(base, mmap.mmap):
+                base = getattr(base, "_mmap", None) or getattr(base, "base", None)
+            if isinstance(base, mmap.mmap):
+                base.madvise(mmap.MADV_DONTNEED)
+                return
 
     def _weight_value(self, name: str):
         if name not in self._weight_values:
@@ -150,7 +181,35 @@ class OrtEngine:
         return self._bindings[key]
 
     def _run(self, name: str, B: int, inputs: dict, kv_len: int, row0: int = 0) -> list[torch.Tensor]:
+        if self.fused and B > 1 and self.graphs[name]["inputs"][0][2][1] > 1:  # multi-token rows: one at a time
+            outs = [self._binding(name, 1, row0 + b).run({n: t[b:b + 1] for n, t in inputs.items()}, kv_len)
+                    for b in range(B)]
+            return [torch.cat(parts) for parts in zip(*outs)]
         return self._binding(name, B, row0).run(inputs, kv_len)
+
+    def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u):
+        """A fused draft: k one-pass calls. The first pass re-reads the last two committed tokens (at batch > 1 as
+        two one-token passes, the first only writing its KV); each later pass feeds the previous draft token."""
+        B, mode = len(last_two), sampling is not None
+
+        def one(tokens, pos, i):  # -> draft token [B], q [B, 1, V] or None (copies: the buffers are reused)
+            ins = dict(tokens=tokens, past_len=pos)
+            if mode:
+                ins.update(_sampling(sampling), u=u[:, i:i + 1])
+            out = self._run(graph_name("draft_pass", int(tokens.shape[1]), mode), B, ins, kv_len)
+            return out[0][:, 0].clone(), (out[1].clone() if mode else None)
+
+        if B > 1:
+            one(last_two[:, :1], past_len - 1, 0)
+            d, q = one(last_two[:, 1:], past_len, 0)
+        else:
+            d, q = one(last_two, past_len, 0)
+        drafts, qs = [d], [q]
+        for i in range(1, k):
+            d, q = one(d[:, None], past_len + i, i)
+            drafts.append(d)
+            qs.append(q)
+        return torch.stack(drafts, 1), (torch.cat(qs, 1) if mode else None)  # [B, k], [B, k, V]
 
     # ---- the Engine protocol -------------------------------------------------------------------
 
@@ -159,6 +218,8 @@ class OrtEngine:
                          kv_len, row0)[0]
 
     def draft(self, last_two, past_len, kv_len, k, sampling, u):
+        if self.fused:
+            return self._draft_passes(last_two, past_len, kv_len, k, sampling, u)
         ins = dict(last_two=last_two, past_len=past_len)
         if sampling is not None:
             ins.update(_sampling(sampling), u=u)
@@ -166,6 +227,11 @@ class OrtEngine:
         return out[0], (out[1] if sampling is not None else None)
 
     def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
+        if k == 0 and self.fused and len(tokens) == 1 and "verify_k1_greedy" in self.graphs:  # (see the docstring)
+            kv2 = min(kv_len + 1, self.cache_len)
+            n_acc, nxt, committed = self.verify(tokens.repeat(1, 2), draft_len, past_len, kv2, 1, sampling,
+                                                u.repeat(1, 2), None)
+            return n_acc, nxt, committed[:, :1]
         ins = dict(tokens=tokens, draft_len=draft_len, past_len=past_len)
         if sampling is not None:
             ins.update(_sampling(sampling), u=u)

@@ -23,7 +23,7 @@ from ..config import PROMPT_LOOKUP, BuildConfig
 from ..drafters import load_draft
 from ..errors import SpecExportError
 from ..models import LoadedModel, load_model, read_config, resolve_path
-from ..models.quant import QuantSpec, is_quant_spec
+from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model
 from ..steps import graph_name
 from .manifest import MANIFEST, write_manifest
 from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, write_weights
@@ -33,10 +33,16 @@ TORCHSCRIPT_FILE = "steps.torchscript.pt"
 CHECK_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # token ids: every vocabulary has them
 
 
-def graph_list(role: str, cfg: BuildConfig) -> list[tuple[str, str, int, bool]]:
-    """(name, kind, k, sampling) of every graph a role gets."""
+def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tuple[str, str, int, bool]]:
+    """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
+    draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""
     modes = (False, True) if cfg.sampling else (False,)
-    kind, ks = ("verify", (0, *cfg.ks)) if role == "target" else ("draft", cfg.ks)
+    if role == "target":  # fused: verify_k1 also serves the exact target-only step (backends/ort_engine.py)
+        kind, ks = "verify", tuple(sorted({0, *cfg.ks, *((1,) if (ops or cfg.ops) == "fused" else ())}))
+    elif (ops or cfg.ops) == "fused":
+        kind, ks = "draft_pass", (1, 2)
+    else:
+        kind, ks = "draft", cfg.ks
     return [("prefill", "prefill", 0, False)] + [(graph_name(kind, k, s), kind, k, s) for k in ks for s in modes]
 
 
@@ -69,17 +75,23 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     if quant is not None and "torchscript" in cfg.formats:
         raise SpecExportError(f"draft {cfg.draft!r} exports to ONNX (MatMulNBits) only; TorchScript has no "
                               "low-bit kernel: drop torchscript from --format, or use a draft model")
+    if cfg.target_quant and "torchscript" in cfg.formats:
+        raise SpecExportError("--target-quant exports to ONNX (MatMulNBits) only; TorchScript has no low-bit "
+                              "kernel: drop torchscript from --format")
     for spec, role in ((cfg.target, "target"), (cfg.draft, "draft")):
         if spec != PROMPT_LOOKUP and not is_quant_spec(spec):
             read_config(resolve_path(spec, role))
     st = _Stages(progress)
 
     st.start("load", "loading the models and checking the pair")
-    target = load_model(cfg.target, cfg.dtype, dec_cfg.cache_len, role="target")
+    stored = dict(gguf_stored=cfg.dtype is None, accuracy_level=cfg.accuracy_level)  # GGUF codes as stored
+    target = load_model(cfg.target, dec_cfg.dtype, dec_cfg.cache_len, role="target", **stored)
     models: dict[str, LoadedModel] = {"target": target}
-    if cfg.draft != PROMPT_LOOKUP:
-        models["draft"] = load_draft(cfg.draft, target, dec_cfg)  # an unfit draft fails here, before any export
-    st.done(", ".join(f"{r}: {Path(m.source).name}" for r, m in models.items()))
+    if cfg.draft != PROMPT_LOOKUP:  # an unfit draft fails here, before any export
+        models["draft"] = load_draft(cfg.draft, target, dec_cfg, **stored)
+    if cfg.target_quant:  # after the draft: a quantized-copy draft starts from the float weights
+        quantize_model(target.model, cfg.target_quant_spec())
+    st.done(", ".join(f"{r}: {Path(m.source).name}" for r, m in models.items()) + _quant_note(target.model))
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -98,21 +110,29 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
                  "weights": f"{role}/{WEIGHTS_FILE}", "graphs": {}}
         if role == "draft" and quant is not None:
             entry["quant"] = asdict(quant)
+        layers = quant_layers(m.model)
+        if layers:  # every quantized linear's layout, to rebuild the eager model (torch backend) from the file
+            entry["quant_layers"] = layers
+            if "torchscript" in cfg.formats:
+                raise SpecExportError(f"the {role} has quantized layers (GGUF weights as stored), which export to "
+                                      "ONNX (MatMulNBits) only: drop torchscript from --format, or pass --dtype "
+                                      "fp32 for a dequantized engine")
         if "onnx" in cfg.formats:
             offsets = write_weights(m.model, folder / WEIGHTS_FILE)
             for name, kind, k, sampling in graphs:
                 bar.set_description(f"{role} {name} (onnx)")
                 info = export_graph(m.model, kind, k, sampling, cfg.prefill_chunk, dec_cfg.cache_len, V, folder,
-                                    offsets)
+                                    offsets, cfg.ops)
                 entry["graphs"][name] = {**info, "file": f"{role}/{info['file']}"}
                 bar.update()
         else:
             write_weights(m.model, folder / WEIGHTS_FILE)  # the torch backend reads it
         if "torchscript" in cfg.formats:
             bar.set_description(f"{role} (torchscript)")
-            export_torchscript(m.model, graphs, cfg.prefill_chunk, dec_cfg.cache_len, V, folder / TORCHSCRIPT_FILE)
+            ts_graphs = graph_list(role, cfg, "portable")
+            export_torchscript(m.model, ts_graphs, cfg.prefill_chunk, dec_cfg.cache_len, V, folder / TORCHSCRIPT_FILE)
             entry["torchscript"] = f"{role}/{TORCHSCRIPT_FILE}"
-            entry["torchscript_methods"] = [g[0] for g in graphs]
+            entry["torchscript_methods"] = [g[0] for g in ts_graphs]
             bar.update(len(graphs))
         entries[role] = entry
     bar.close()
@@ -127,7 +147,10 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         "specexport_version": __version__,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "transformers": transformers.__version__,
                      "opset": OPSET},
-        "formats": list(cfg.formats), "dtype": cfg.dtype, "ks": sorted(cfg.ks), "max_batch": cfg.max_batch,
+        "formats": list(cfg.formats), "ops": cfg.ops, "dtype": dec_cfg.dtype, "ks": sorted(cfg.ks),
+        "weights": "dequantized" if cfg.dtype else "as stored", "target_quant": cfg.target_quant,
+        "activations": cfg.activations,
+        "max_batch": cfg.max_batch,
         "max_seq_len": cfg.max_seq_len, "prefill_chunk": cfg.prefill_chunk, "cache_len": dec_cfg.cache_len,
         "sampling_graphs": cfg.sampling, "drafter": "model" if "draft" in models else PROMPT_LOOKUP,
         "ngram": [dec_cfg.ngram_min, dec_cfg.ngram_max],
@@ -149,6 +172,15 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
             "ks": sorted(cfg.ks), "files": files, "total_bytes": sum(files.values())}
 
 
+def _quant_note(model) -> str:
+    from ..models.quant import QuantLinear
+    q = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not q:
+        return ""
+    kinds = sorted({f"int{m.spec.bits}/b{m.spec.block_size}{'+min' if m.spec.mins else ''}" for m in q})
+    return f"; target: {len(q)} quantized linears ({', '.join(kinds)})"
+
+
 def manifest_files(root: Path) -> dict:
     import json
     return json.loads((root / MANIFEST).read_text())["files"]
@@ -159,19 +191,31 @@ def check_engine(out: Path, models: dict[str, LoadedModel], cfg: BuildConfig) ->
     from ..runtime import SpeculativeDecoder
     from ..backends.torch_engine import TorchEngine
     from ..drafters import ModelDrafter, PromptLookupDrafter
+    from ..models.quant import QuantLinear
     dec_cfg = cfg.decoder(max_batch=1)
     V = models["target"].config.vocab_size
+    prompt = ([t % V for t in CHECK_PROMPT] * 2)[:max(1, cfg.max_seq_len // 2)]  # repeats: lookup finds drafts
+    n = min(16, cfg.max_seq_len - len(prompt))
+    checked = []
+    if any(isinstance(m, QuantLinear) and m.spec.accuracy_level != 0 for m in models["target"].model.modules()):
+        # int8 activations: ONNX Runtime's kernel, not the eager matmul, defines the target; the engine's own
+        # target-only tokens are the reference (lossless: speculative equals target-only, token for token)
+        eng = SpeculativeDecoder.load(str(out), backend="onnxruntime", max_batch=1, verify_hashes=False)
+        want = eng.generate(prompt, n, speculative=False)[0].token_ids
+        for k in cfg.ks:
+            got = eng.generate(prompt, n, k=k)[0].token_ids
+            if got != want:
+                raise SpecExportError(f"built engine check failed: onnxruntime at k={k} gave {got[:8]}..., its "
+                                      f"target-only steps {want[:8]}...; please report this with the build command")
+        return ["onnxruntime ok (speculative = target-only, int8 activations)"]
     ref_engine = TorchEngine(models["target"].model, 1, dec_cfg.cache_len)
     drafter = (ModelDrafter(TorchEngine(models["draft"].model, 1, dec_cfg.cache_len, target_vocab=V), "draft")
                if "draft" in models else PromptLookupDrafter(dec_cfg.ngram_min, dec_cfg.ngram_max))
     ref = SpeculativeDecoder(ref_engine, drafter, dec_cfg)
-    prompt = ([t % V for t in CHECK_PROMPT] * 2)[:max(1, cfg.max_seq_len // 2)]  # repeats: lookup finds drafts
-    n = min(16, cfg.max_seq_len - len(prompt))
     want = {k: ref.generate(prompt, n, k=k)[0].token_ids for k in cfg.ks}
-    checked = []
     for backend in [b for f, b in (("onnx", "onnxruntime"), ("torchscript", "torchscript")) if f in cfg.formats]:
-        if cfg.dtype != "fp32":  # half precision: kernels round differently, so tokens may legitimately differ
-            checked.append(f"{backend} not compared ({cfg.dtype})")
+        if dec_cfg.dtype != "fp32":  # half precision: kernels round differently, so tokens may legitimately differ
+            checked.append(f"{backend} not compared ({dec_cfg.dtype})")
             continue
         eng = SpeculativeDecoder.load(str(out), backend=backend, max_batch=1, verify_hashes=False)
         for k, tokens in want.items():

@@ -15,7 +15,8 @@ def describe(engine_dir: str) -> dict:
         kv_item = np.dtype(e["kv_dtype"]).itemsize
         kv_per_row = 2 * c["num_layers"] * c["num_kv_heads"] * m["cache_len"] * c["head_dim"] * kv_item
         weights = m["files"][e["weights"]]["bytes"]
-        graphs = {name: {"file": g["file"], "bytes": m["files"][g["file"]]["bytes"],
+        graphs = {name: {"file": g["file"], "bytes": m["files"][g["file"]]["bytes"], "nodes": g.get("nodes"),
+                         "op_counts": g.get("op_counts", {}),
                          "inputs": [i for i in g["inputs"] if not i[0].startswith(("key.", "value."))],
                          "outputs": [o for o in g["outputs"] if not o[0].startswith(("key_out.", "value_out."))]}
                   for name, g in e["graphs"].items()}
@@ -24,16 +25,29 @@ def describe(engine_dir: str) -> dict:
                         "vocab": c["vocab_size"], "weights_bytes": weights, "kv_bytes_per_row": kv_per_row,
                         "kv_bytes_max_batch": kv_per_row * m["max_batch"],
                         "kv_shape": [m["max_batch"], c["num_kv_heads"], m["cache_len"], c["head_dim"]],
-                        "torchscript": e.get("torchscript"), "graphs": graphs}
+                        "torchscript": e.get("torchscript"), "graphs": graphs,
+                        "quantized_linears": _quant_summary(e.get("quant_layers", {}))}
     weights = sum(v["weights_bytes"] for v in models.values())
     kv = sum(v["kv_bytes_max_batch"] for v in models.values())
     return {"engine": str(engine_dir), "format_version": m["format_version"],
             "specexport_version": m["specexport_version"], "versions": m.get("versions", {}), "dtype": m["dtype"],
             "ks": m["ks"], "max_batch": m["max_batch"], "max_seq_len": m["max_seq_len"],
             "prefill_chunk": m["prefill_chunk"], "cache_len": m["cache_len"], "drafter": m["drafter"],
-            "formats": m.get("formats", []), "vocab_size": m["vocab_size"], "eos_token_ids": m["eos_token_ids"],
+            "formats": m.get("formats", []), "ops": m.get("ops", "portable"),
+            "weights": m.get("weights", "dequantized"), "activations": m.get("activations"),
+            "vocab_size": m["vocab_size"], "eos_token_ids": m["eos_token_ids"],
             "models": models, "files": {rel: f["bytes"] for rel, f in m["files"].items()},
             "memory": {"weights_bytes": weights, "kv_bytes_max_batch": kv, "total_bytes": weights + kv}}
+
+
+def _quant_summary(layers: dict) -> dict[str, int]:
+    """'int4/b32 +min' -> number of linear layers with that layout."""
+    out: dict[str, int] = {}
+    for rec in layers.values():
+        key = f"int{rec['bits']}/b{rec['block_size']}{' +min' if rec.get('mins') else ''}" + \
+              ("" if rec["symmetric"] else " zp")
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _mb(n: int) -> str:
@@ -45,16 +59,20 @@ def format_description(d: dict) -> str:
              f"{', '.join(d['formats'])})",
              f"  dtype {d['dtype']} | k {d['ks']} | max_batch {d['max_batch']} | max_seq_len {d['max_seq_len']} | "
              f"prefill chunk {d['prefill_chunk']} | cache length S {d['cache_len']} | drafter {d['drafter']}",
-             f"  vocab {d['vocab_size']} | eos {d['eos_token_ids']}"]
+             f"  vocab {d['vocab_size']} | eos {d['eos_token_ids']} | graph set {d['ops']} | weights {d['weights']}"
+             + (f" ({d['activations']} activations in quantized layers)" if d.get("activations") else "")]
     for role, m in d["models"].items():
         lines.append(f"{role}: {m['model_type']} from {m['source']}")
         lines.append(f"  {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}, vocab {m['vocab']}; "
                      f"weights {_mb(m['weights_bytes'])}; KV {m['kv_shape']} x {2 * m['layers']} = "
                      f"{_mb(m['kv_bytes_max_batch'])} ({_mb(m['kv_bytes_per_row'])} per row)")
+        if m["quantized_linears"]:
+            lines.append("  quantized linears: " + ", ".join(f"{n} x {k}" for k, n in m["quantized_linears"].items()))
         for name, g in m["graphs"].items():
             ins = ", ".join(f"{n}{list(s)}" for n, _, s in g["inputs"])
             outs = ", ".join(f"{n}{list(s)}" for n, _, s in g["outputs"])
-            lines.append(f"  {name:<18} {_mb(g['bytes']):>9}  ({ins}, kv) -> ({outs}, kv)")
+            nodes = f"{g['nodes']:>5} nodes" if g.get("nodes") is not None else ""
+            lines.append(f"  {name:<18} {_mb(g['bytes']):>9} {nodes}  ({ins}, kv) -> ({outs}, kv)")
         if m["torchscript"]:
             lines.append(f"  torchscript {m['torchscript']} ({_mb(d['files'][m['torchscript']])})")
     mem = d["memory"]

@@ -12,7 +12,8 @@ from ..errors import SpecExportError
 from ..models import ModelConfig, StaticKVDecoder
 from .manifest import read_manifest
 
-LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "prepack", "drafter")
+LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "prepack", "drafter",
+                "preload")
 
 
 def model_config(entry: dict) -> ModelConfig:
@@ -24,7 +25,10 @@ def load_torch_model(root: Path, entry: dict, dtype: str, cache_len: int) -> Sta
     """The eager decoder from the engine's own weights file (the one the ONNX graphs point into)."""
     from safetensors.torch import load_file
     model = StaticKVDecoder(model_config(entry), cache_len).fuse()
-    if entry.get("quant"):  # quantized-copy draft: QuantLinear shells whose codes come from the file
+    if entry.get("quant_layers"):  # quantized layers (copies, --target-quant, GGUF as stored): shells whose codes
+        from ..models.quant import apply_quant_layers  # come from the file
+        model = apply_quant_layers(model, entry["quant_layers"])
+    elif entry.get("quant"):  # (engines built before quant_layers was recorded)
         from ..models.quant import QuantSpec, quantize_model
         model = quantize_model(model, QuantSpec(**entry["quant"]))
     state = {n.removeprefix("model."): t for n, t in load_file(str(root / entry["weights"])).items()}
@@ -43,7 +47,8 @@ def check_graphs(m: dict) -> None:
     from ..steps import io_names
     from .build import graph_list
     cfg = BuildConfig(ks=tuple(m["ks"]), sampling=m.get("sampling_graphs", True), max_seq_len=m["max_seq_len"],
-                      max_batch=m["max_batch"], prefill_chunk=m["prefill_chunk"], dtype=m["dtype"])
+                      max_batch=m["max_batch"], prefill_chunk=m["prefill_chunk"], dtype=m["dtype"],
+                      ops=m.get("ops", "portable"))
     fix = "rebuild it with specexport build"
     for role, entry in m["models"].items():
         n = entry["config"]["num_layers"]
@@ -58,7 +63,7 @@ def check_graphs(m: dict) -> None:
             if [x for x in want_in if x in got_in] != got_in or got_out != want_out:  # (unused inputs are pruned)
                 raise SpecExportError(f"engine {role} graph {name} has inputs/outputs this specexport does not "
                                       f"expect: {fix}")
-            T = {"prefill": m["prefill_chunk"], "draft": 2, "verify": k + 1}[kind]
+            T = {"prefill": m["prefill_chunk"], "draft": 2, "draft_pass": k, "verify": k + 1}[kind]
             if g["inputs"][0][2] != ["B", T]:
                 raise SpecExportError(f"engine {role} graph {name} takes {g['inputs'][0][2]} tokens, the manifest "
                                       f"implies ['B', {T}]: {fix}")
@@ -99,7 +104,8 @@ def _open(path: str, backend: str, options: dict):
                                       "rebuild with --dtype fp32, or load with device='cuda' (onnxruntime-gpu)")
             from ..backends.ort_engine import OrtEngine
             return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab,
-                             prepack=options.get("prepack", False))
+                             prepack=options.get("prepack", False), ops=m.get("ops", "portable"),
+                             preload=options.get("preload", False))
         if backend == "torchscript":
             if "torchscript" not in entry:
                 raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")

@@ -31,7 +31,7 @@ def example_inputs(model: StaticKVDecoder, kind: str, k: int, sampling: bool, ch
     """Inputs to trace with (batch 2 and a key prefix L < S, so neither is specialised into the graph)."""
     cfg, B, S = model.cfg, batch, cache_len
     p = next(model.parameters())
-    T = {"prefill": chunk, "draft": 2, "verify": k + 1}[kind]
+    T = {"prefill": chunk, "draft": 2, "draft_pass": k, "verify": k + 1}[kind]
     past = torch.tensor([1, 2] * B)[:B]
     L = min(S, 2 + T + max(k, 1) + 1)
     ids = lambda *shape: torch.randint(0, min(cfg.vocab_size, target_vocab), shape)  # noqa: E731
@@ -40,8 +40,9 @@ def example_inputs(model: StaticKVDecoder, kind: str, k: int, sampling: bool, ch
     key_pos = torch.arange(L)
     if kind == "prefill":
         return (ids(B, T), past, torch.full((B,), T - 1), key_pos, *kv)
-    if kind == "draft":
-        return (ids(B, 2), past, key_pos, *((*s, torch.rand(B, k)) if sampling else ()), *kv)
+    if kind in ("draft", "draft_pass"):
+        n = 1 if kind == "draft_pass" else k  # draft_pass: one draft token over W = k input tokens
+        return (ids(B, T), past, key_pos, *((*s, torch.rand(B, n)) if sampling else ()), *kv)
     extra = ()
     if sampling:
         extra = (*s, torch.rand(B, k + 1)) + ((torch.softmax(torch.randn(B, k, target_vocab), -1),) if k else ())
@@ -73,23 +74,28 @@ def safetensors_offsets(path: Path) -> dict[str, tuple[int, int]]:
 
 
 def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chunk: int, cache_len: int,
-                 target_vocab: int, out_dir: Path, weights: dict[str, tuple[int, int]]) -> dict:
+                 target_vocab: int, out_dir: Path, weights: dict[str, tuple[int, int]], ops: str = "portable") -> dict:
     """Trace one step graph to out_dir/<graph>.onnx with its weights in out_dir/weights.safetensors.
+    ops: "portable" (standard ONNX ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py).
     Returns {"file", "inputs", "outputs"} for the manifest (names, dtypes, shapes with B / L symbolic)."""
     import onnx
     name = graph_name(kind, k, sampling)
     module = make_step(model, kind, k, sampling, target_vocab, inplace=False, static=True)
     inputs = example_inputs(model, kind, k, sampling, chunk, cache_len, target_vocab)
     in_names, out_names = io_names(kind, k, sampling, model.cfg.num_layers)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer chatter about python ints; shapes are checked by the tests
-        f = os.path.join(tmp, "g.onnx")
-        torch.onnx.export(module, inputs, f, dynamo=False, opset_version=OPSET, input_names=in_names,
-                          output_names=out_names, dynamic_axes=dynamic_axes(in_names + out_names),
-                          do_constant_folding=True, custom_opsets=_custom_opsets(model))
-        proto = onnx.load(f)
-    with torch.no_grad():  # exact output shapes (batch symbolic): custom ops such as MatMulNBits defeat ONNX's
-        shapes = [t.shape for t in module(*inputs)]  # shape inference, which would leave dims unnamed
+    model.ops = ops
+    try:
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer chatter about python ints; shapes are checked by the tests
+            f = os.path.join(tmp, "g.onnx")
+            torch.onnx.export(module, inputs, f, dynamo=False, opset_version=OPSET, input_names=in_names,
+                              output_names=out_names, dynamic_axes=dynamic_axes(in_names + out_names),
+                              do_constant_folding=True, custom_opsets=_custom_opsets(model, ops))
+            proto = onnx.load(f)
+        with torch.no_grad():  # exact output shapes (batch symbolic): custom ops such as MatMulNBits defeat ONNX's
+            shapes = [t.shape for t in module(*inputs)]  # shape inference, which would leave dims unnamed
+    finally:
+        model.ops = "portable"
     for value_info, shape in zip(proto.graph.output, shapes):
         dims = value_info.type.tensor_type.shape.dim
         for d, n in zip(dims, ["B", *shape[1:]]):
@@ -112,14 +118,20 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
                                "weight; the export would duplicate it")
     path = out_dir / f"{name}.onnx"
     onnx.save(proto, str(path))
+    ops: dict[str, int] = {}
+    for node in proto.graph.node:
+        if node.op_type != "Constant":  # (folded into initializers when the session loads)
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
     return {"file": path.name, "inputs": [_io(t) for t in proto.graph.input],
-            "outputs": [_io(t) for t in proto.graph.output]}
+            "outputs": [_io(t) for t in proto.graph.output], "nodes": sum(ops.values()),
+            "op_counts": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
 
 
-def _custom_opsets(model: torch.nn.Module) -> dict | None:
-    """com.microsoft (MatMulNBits) for quantized drafts only."""
+def _custom_opsets(model: torch.nn.Module, ops: str) -> dict | None:
+    """com.microsoft: the fused set's ops, and MatMulNBits for quantized models."""
     from ..models.quant import QuantLinear
-    return {"com.microsoft": 1} if any(isinstance(m, QuantLinear) for m in model.modules()) else None
+    fused = ops == "fused" or any(isinstance(m, QuantLinear) for m in model.modules())
+    return {"com.microsoft": 1} if fused else None
 
 
 def _io(value_info) -> list:

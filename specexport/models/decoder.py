@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import ort_ops
 from .config import ModelConfig
 from .rope import apply_rope, rope_tables
 
@@ -124,6 +125,20 @@ class Attention(nn.Module):
         out = out.reshape(-1, self.h, T, self.d)
         return _linear(self.o_proj, out.transpose(1, 2).reshape(-1, T, self.h * self.d)), k, v
 
+    def forward_fused(self, x, seqlens_k, total_len, cos, sin, k_cache, v_cache, window):
+        # The fused graph set: one GroupQueryAttention node does rotary, the in-place cache write and attention.
+        # x: [B, T, hidden]; seqlens_k: [B] int32 (each row's last position); total_len: int32 scalar;
+        # cos, sin: [max_positions, D/2]; returns out [B, T, hidden] and the written caches
+        T = _static(x.shape[1])
+        q, k, v = _linear(self.qkv_proj, x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        if self.qk_norm:  # qwen3: per-head RMSNorm before rotary
+            q = ort_ops.rms_norm(q.reshape(-1, T, self.h, self.d), self.q_norm.weight, self.q_norm.eps)
+            k = ort_ops.rms_norm(k.reshape(-1, T, self.hkv, self.d), self.k_norm.weight, self.k_norm.eps)
+            q, k = q.reshape(-1, T, self.h * self.d), k.reshape(-1, T, self.hkv * self.d)
+        out, k_cache, v_cache = ort_ops.gqa(q, k, v, k_cache, v_cache, seqlens_k, total_len, cos, sin, self.h,
+                                            self.hkv, window)
+        return _linear(self.o_proj, out), k_cache, v_cache
+
 
 def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """[..., in] -> [..., out] through a 2-D matmul. Traced, it always carries a bias (a broadcast zero when the
@@ -177,8 +192,12 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x):
-        gate, up = _linear(self.gate_up_proj, x).chunk(2, dim=-1)
+        gate, up = _linear(self.gate_up_proj, x).split(self.down_proj.in_features, dim=-1)  # static sizes: one Split
         return _linear(self.down_proj, F.silu(gate) * up)
+
+    def forward_fused(self, x):
+        gate, up = _linear(self.gate_up_proj, x).split(self.down_proj.in_features, dim=-1)
+        return _linear(self.down_proj, ort_ops.silu(gate) * up)
 
 
 def _concat_linears(parts: list[nn.Linear]) -> nn.Linear:
@@ -228,6 +247,7 @@ class StaticKVDecoder(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.max_positions = max_positions
+        self.ops = "portable"  # "fused": run_fused (ONNX Runtime's fused ops) when traced for the fused graph set
         self._set_rope(torch.float32)
 
     def fuse(self) -> "StaticKVDecoder":
@@ -241,6 +261,9 @@ class StaticKVDecoder(nn.Module):
         cos, sin = rope_tables(self.cfg, self.max_positions, dtype)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_positions, D]
         self.register_buffer("rope_sin", sin, persistent=False)
+        half = self.cfg.head_dim // 2  # GroupQueryAttention's tables: one half of the rotate-half layout
+        self.register_buffer("rope_cos_half", cos[:, :half].contiguous(), persistent=False)  # [max_positions, D/2]
+        self.register_buffer("rope_sin_half", sin[:, :half].contiguous(), persistent=False)
 
     def forward(self, tokens: torch.Tensor, past_len: torch.Tensor, cache: KVCache, kv_len: int,
                 logits_index: torch.Tensor | None = None) -> torch.Tensor:
@@ -260,6 +283,8 @@ class StaticKVDecoder(nn.Module):
         inplace: write the caches in place (eager, TorchScript) or return new ones (ONNX export).
         returns logits [B, T, V] (or [B, 1, V] with logits_index) in fp32, keys, values.
         """
+        if self.ops == "fused":
+            return self.run_fused(tokens, past_len, key_pos, keys, values, logits_index)
         T = _static(tokens.shape[1])
         S = keys[0].shape[2]
         cfg = self.cfg
@@ -282,6 +307,30 @@ class StaticKVDecoder(nn.Module):
         if logits_index is not None:
             x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
         return _linear(self.lm_head, self.model.norm(x)).float(), keys, values
+
+    def run_fused(self, tokens, past_len, key_pos, keys, values, logits_index=None):
+        """`run` over ONNX Runtime's fused ops (models/ort_ops.py): per layer two norm nodes, the linears, one
+        GroupQueryAttention writing the caches in place. Same inputs and outputs as `run` (always out of place,
+        as exported); batch > 1 with T > 1 runs only eagerly (ONNX Runtime's kernel refuses it)."""
+        T = _static(tokens.shape[1])
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        seqlens_k = (past_len + (T - 1)).to(torch.int32)  # [B]: each row's last position
+        total_len = (key_pos[-1] + 1).to(torch.int32)  # L, as a scalar
+        layers = self.model.layers
+        residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
+        x = ort_ops.rms_norm(residual, layers[0].input_layernorm.weight, eps)
+        keys, values = list(keys), list(values)
+        for i, layer in enumerate(layers):
+            h, keys[i], values[i] = layer.self_attn.forward_fused(x, seqlens_k, total_len, self.rope_cos_half,
+                                                                  self.rope_sin_half, keys[i], values[i],
+                                                                  cfg.sliding_window)
+            x, residual = ort_ops.add_rms_norm(h, residual, layer.post_attention_layernorm.weight, eps)
+            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
+            # x: the next layer's (or the final) normed input
+            x, residual = ort_ops.add_rms_norm(layer.mlp.forward_fused(x), residual, nxt, eps)
+        if logits_index is not None:
+            x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
+        return _linear(self.lm_head, x).float(), keys, values
 
     def run_pending(self, tokens: torch.Tensor, prefix_len: torch.Tensor, key_pos: torch.Tensor,
                     k_prefix: list[torch.Tensor], v_prefix: list[torch.Tensor], k_pend: list | None,

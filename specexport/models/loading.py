@@ -72,10 +72,14 @@ def read_config(path: str) -> ModelConfig:
 
 
 def load_model(path: str | os.PathLike | None, dtype: str = "fp32", max_positions: int = 2048,
-               role: str = "target") -> LoadedModel:
+               role: str = "target", gguf_stored: bool = False, accuracy_level: int = 4) -> LoadedModel:
+    """gguf_stored: a GGUF's quantized linear layers keep their codes as stored (QuantLinear over MatMulNBits,
+    models/gguf_quant.py; accuracy_level 4: int8 activations, 0: fp32); everything else is dequantized to
+    `dtype`. Without it every tensor is dequantized."""
     src = resolve_path(path, role)
+    codes = {}
     if src.endswith(".gguf"):
-        cfg, state, tokenizer = _load_gguf(src)
+        cfg, state, tokenizer, codes = _load_gguf(src, gguf_stored)
     else:
         cfg, state, tokenizer = _load_hf_dir(Path(src))
     model = StaticKVDecoder(cfg, max_positions)
@@ -91,7 +95,34 @@ def load_model(path: str | os.PathLike | None, dtype: str = "fp32", max_position
                               f"{missing[:2]}; {len(unexpected)} unexpected, e.g. {unexpected[:2]})")
     model = model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False).fuse()
     model._set_rope(getattr(torch, DTYPES[dtype]))
+    if codes:
+        if dtype != "fp32":
+            raise SpecExportError("GGUF weights as stored run with fp32 activations: drop --dtype, or pass "
+                                  "--dtype fp32 for a fully dequantized engine")
+        _use_stored_codes(model, codes, accuracy_level)
     return LoadedModel(model, cfg, tokenizer, src)
+
+
+# fused linear -> the checkpoint weights it joins (decoder.fuse's order)
+_FUSED_PARTS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                "self_attn.o_proj": ("self_attn.o_proj",), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+                "mlp.down_proj": ("mlp.down_proj",)}
+
+
+def _use_stored_codes(model: StaticKVDecoder, codes: dict, accuracy_level: int) -> None:
+    """Replace each fused linear whose source tensors are all quantized by a QuantLinear over their codes."""
+    from .gguf_quant import join_rows
+    from .quant import QuantLinear
+    targets = [("lm_head", model, ["lm_head.weight" if "lm_head.weight" in codes else "model.embed_tokens.weight"])]
+    for i, layer in enumerate(model.model.layers):
+        for fused, parts in _FUSED_PARTS.items():
+            owner = layer.self_attn if fused.startswith("self_attn") else layer.mlp
+            targets.append((fused.split(".")[1], owner, [f"model.layers.{i}.{p}.weight" for p in parts]))
+    for attr, owner, names in targets:
+        if all(n in codes for n in names):
+            lin = getattr(owner, attr)
+            setattr(owner, attr, QuantLinear.from_codes(join_rows([codes[n] for n in names]), accuracy_level,
+                                                        bias=lin.bias))
 
 
 # ---- transformers checkpoint directories -------------------------------------------------------
@@ -205,27 +236,38 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def _load_gguf(path: str):
+def _load_gguf(path: str, stored: bool = False):
+    """-> config, state (every tensor dequantized to fp32), tokenizer, and with `stored` the BlockCodes of the
+    quantized 2-D weights (hf name -> codes, llama's q/k row interleave undone as for the float weights)."""
     import gguf
     from gguf.quants import dequantize
+    from .gguf_quant import QUANTIZED_FORMATS, block_codes
     reader = gguf.GGUFReader(path)
     cfg = _gguf_config(reader)
-    state = {}
+    state, codes = {}, {}
     for t in reader.tensors:
         name = _hf_name(t.name)
         if name is None:
             continue
         w = dequantize(t.data, t.tensor_type).astype(np.float32)
-        w = w.reshape(tuple(int(s) for s in reversed(t.shape.tolist())))
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        w = w.reshape(shape)
+        rows = None
         if cfg.model_type in ("llama", "mistral"):
             if name.endswith("q_proj.weight"):
-                w = _unpermute(w, cfg.num_heads)
+                rows = _unpermute(np.arange(shape[0]), cfg.num_heads)
             elif name.endswith("k_proj.weight"):
-                w = _unpermute(w, cfg.num_kv_heads)
+                rows = _unpermute(np.arange(shape[0]), cfg.num_kv_heads)
+        if rows is not None:
+            w = w[rows]
         state[name] = torch.from_numpy(np.ascontiguousarray(w))
+        fmt = t.tensor_type.name
+        if stored and fmt in QUANTIZED_FORMATS and len(shape) == 2:
+            bc = block_codes(fmt, t.data, shape)
+            codes[name] = bc if rows is None else bc.rows(rows)
     tokenizer = None
     if "tokenizer.ggml.tokens" in reader.fields:
         from transformers import AutoTokenizer
         p = Path(path)
         tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    return cfg, state, tokenizer
+    return cfg, state, tokenizer, codes

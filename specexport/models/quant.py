@@ -38,6 +38,7 @@ class QuantSpec:
     block_size: int = 32  # a power of two >= 16
     symmetric: bool = False
     accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations (fast on CPU), 0 = as the input type
+    mins: bool = False  # a float minimum per block (GGUF's Q4_1, Q5_1, Q4_K, Q5_K), added as min @ blocksum(x)
 
     def __post_init__(self):
         if self.bits not in (4, 8):
@@ -46,12 +47,17 @@ class QuantSpec:
             raise SpecExportError(f"quantization block size must be a power of two >= 16, got {self.block_size}")
 
     @classmethod
-    def parse(cls, spec: str) -> "QuantSpec":
-        """'quant:int4', 'quant:int8:b64', 'quant:int4:b32:sym' ... (fields after int4/int8 in any order)."""
+    def parse(cls, spec: str, option: str = "draft") -> "QuantSpec":
+        """'quant:int4', 'quant:int8:b64', 'quant:int4:b32:sym' ... (fields after int4/int8 in any order);
+        option names the flag in errors ("draft", or "--target-quant", whose value comes without 'quant:')."""
         fields = spec[len(QUANT_PREFIX):].split(":") if spec.startswith(QUANT_PREFIX) else []
-        usage = "use quant:int4 or quant:int8, optionally with :b<block size> and :sym or :asym (e.g. quant:int4:b32:asym)"
+        pre = QUANT_PREFIX if option == "draft" else ""
+        usage = (f"use {pre}int4 or {pre}int8, optionally with :b<block size> and :sym or :asym "
+                 f"(e.g. {pre}int4:b32:asym)")
+        if option != "draft":
+            spec = spec[len(QUANT_PREFIX):]
         if not fields or fields[0] not in ("int4", "int8"):
-            raise SpecExportError(f"draft {spec!r} is not a quantized-copy spec: {usage}")
+            raise SpecExportError(f"{option} {spec!r} is not a quantization spec: {usage}")
         kw: dict = {"bits": int(fields[0][3:])}
         for f in fields[1:]:
             if f in ("sym", "asym"):
@@ -59,7 +65,7 @@ class QuantSpec:
             elif f[:1] == "b" and f[1:].isdigit():
                 kw["block_size"] = int(f[1:])
             else:
-                raise SpecExportError(f"draft {spec!r}: unknown field {f!r}; {usage}")
+                raise SpecExportError(f"{option} {spec!r}: unknown field {f!r}; {usage}")
         return cls(**kw)
 
     @property
@@ -111,7 +117,7 @@ def quantize_weight(w: torch.Tensor, spec: QuantSpec) -> dict[str, torch.Tensor]
 
 
 def dequantize_weight(q: dict[str, torch.Tensor], spec: QuantSpec, K: int) -> torch.Tensor:
-    """The inverse of quantize_weight: [N, K] float32."""
+    """The inverse of quantize_weight: [N, K] float32 = scale * (code - zero) (the product in GGUF's order)."""
     N, nb, _ = q["qweight"].shape
     bs = spec.block_size
     codes = _unpack(q["qweight"], spec.bits, bs).float()  # [N, nb, bs]
@@ -119,19 +125,20 @@ def dequantize_weight(q: dict[str, torch.Tensor], spec: QuantSpec, K: int) -> to
         zero = torch.full((N, nb), 2.0 ** (spec.bits - 1))
     else:
         zero = _unpack(q["zero_points"].reshape(N, -1), spec.bits, nb).float()
-    w = (codes - zero[..., None]) * q["scales"].reshape(N, nb, 1)
+    w = q["scales"].reshape(N, nb, 1) * (codes - zero[..., None])
     return w.reshape(N, nb * bs)[:, :K]
 
 
 class _MatMulNBits(torch.autograd.Function):
-    """x [M, K] @ dequantized W^T; exported (legacy torch.onnx) as com.microsoft::MatMulNBits."""
+    """Exported (legacy torch.onnx) as com.microsoft::MatMulNBits: x [M, K] -> [M, N]. Only traced: the value
+    here just carries the shape (no dequantized weight becomes a trace constant, which made exports slow)."""
 
     @staticmethod
-    def forward(ctx, x, qweight, scales, zero_points, weight, K, N, bits, block_size, accuracy_level):
-        return x @ weight.t()
+    def forward(ctx, x, qweight, scales, zero_points, K, N, bits, block_size, accuracy_level):
+        return x.new_zeros(x.shape[0], N)
 
     @staticmethod
-    def symbolic(g, x, qweight, scales, zero_points, weight, K, N, bits, block_size, accuracy_level):
+    def symbolic(g, x, qweight, scales, zero_points, K, N, bits, block_size, accuracy_level):
         inputs = [x, qweight, scales] + ([zero_points] if zero_points is not None else [])
         y = g.op("com.microsoft::MatMulNBits", *inputs, K_i=K, N_i=N, bits_i=bits, block_size_i=block_size,
                  accuracy_level_i=accuracy_level)
@@ -140,45 +147,115 @@ class _MatMulNBits(torch.autograd.Function):
 
 
 class QuantLinear(nn.Module):
-    """A bias-free nn.Linear replacement over block-quantized weights (see the module docstring)."""
+    """A bias-free nn.Linear replacement over block-quantized weights (see the module docstring): quantized here
+    from a float layer, or holding a GGUF tensor's codes as stored (`from_codes`, models/gguf_quant.py)."""
 
-    def __init__(self, lin: nn.Linear, spec: QuantSpec):
+    def __init__(self, lin: nn.Linear | None, spec: QuantSpec, shape: tuple[int, int] | None = None,
+                 bias: torch.Tensor | None = None):
         super().__init__()
-        if lin.bias is not None:  # (qkv bias: qwen2) kept in float, added after the matmul
-            self.bias = nn.Parameter(lin.bias.detach().float(), requires_grad=False)
+        if lin is not None:
+            bias, shape = lin.bias, tuple(lin.weight.shape)
+        if bias is not None:  # (qkv bias: qwen2) kept in float, added after the matmul
+            self.bias = nn.Parameter(bias.detach().float(), requires_grad=False)
         else:
             self.bias = None
         self.spec = spec
-        self.out_features, self.in_features = lin.weight.shape
-        q = quantize_weight(lin.weight.detach(), spec)
+        self.out_features, self.in_features = shape
+        N, K, bs = shape[0], shape[1], spec.block_size
+        nb = math.ceil(K / bs)
+        if lin is not None:
+            q = quantize_weight(lin.weight.detach(), spec)
+        else:  # shells, filled by load_state_dict (or from_codes)
+            q = {"qweight": torch.zeros(N, nb, bs * spec.bits // 8, dtype=torch.uint8),
+                 "scales": torch.zeros(N * nb)}
+            if not spec.symmetric:
+                q["zero_points"] = torch.zeros(N * math.ceil(nb * spec.bits / 8), dtype=torch.uint8)
+            if spec.mins:
+                q["mins"] = torch.zeros(N, nb)
         for name, t in q.items():
             self.register_buffer(name, t)
         if spec.symmetric:
             self.zero_points = None
+        if not spec.mins:
+            self.mins = None
         self._weight: torch.Tensor | None = None  # the dequantized weight for eager runs, made on first use
 
+    @classmethod
+    def from_codes(cls, bc, accuracy_level: int = 4, bias: torch.Tensor | None = None) -> "QuantLinear":
+        """A layer over GGUF codes as stored (gguf_quant.BlockCodes): nothing is re-quantized."""
+        N, K = bc.shape
+        nb = K // bc.block
+        symmetric = bool((bc.zeros == 2 ** (bc.bits - 1)).all())
+        spec = QuantSpec(bits=bc.bits, block_size=bc.block, symmetric=symmetric, accuracy_level=accuracy_level,
+                         mins=bc.mins is not None)
+        layer = cls(None, spec, (N, K), bias)
+        layer.qweight.copy_(_pack(torch.from_numpy(bc.codes).reshape(N, nb, bc.block), bc.bits))
+        layer.scales.copy_(torch.from_numpy(bc.scales).reshape(-1))
+        if not symmetric:
+            layer.zero_points.copy_(_pack(torch.from_numpy(bc.zeros), bc.bits).reshape(-1))
+        if bc.mins is not None:
+            layer.mins.copy_(torch.from_numpy(bc.mins))
+        return layer
+
     def dequantized(self) -> torch.Tensor:
+        """[out, in] float32: scale * (code - zero) (+ min), in that order (bit for bit GGUF's dequantize)."""
         if self._weight is None:
             q = {"qweight": self.qweight, "scales": self.scales}
             if self.zero_points is not None:
                 q["zero_points"] = self.zero_points
-            self._weight = dequantize_weight(q, self.spec, self.in_features)
+            w = dequantize_weight(q, self.spec, self.in_features)
+            if self.mins is not None:
+                N, nb = self.mins.shape
+                w = (w[:, :nb * self.spec.block_size].reshape(N, nb, -1) + self.mins[..., None]).reshape(N, -1)
+            self._weight = w
         return self._weight
 
     def forward(self, x2: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         s = self.spec
-        y = _MatMulNBits.apply(x2, self.qweight, self.scales, self.zero_points, self.dequantized(), self.in_features,
-                               self.out_features, s.bits, s.block_size, s.accuracy_level)
+        if not torch.jit.is_tracing():  # eager: the dequantized weight
+            y = x2 @ self.dequantized().t()
+        else:  # exported: MatMulNBits over the codes (+ the block minimums' term; values here only give shapes)
+            y = _MatMulNBits.apply(x2, self.qweight, self.scales, self.zero_points, self.in_features,
+                                   self.out_features, s.bits, s.block_size, s.accuracy_level)
+            if self.mins is not None:  # sum_b min[n, b] * sum_{k in b} x[m, k]: Reshape, ReduceSum, Gemm(transB)
+                nb = int(self.mins.shape[1])
+                xs = x2.reshape(-1, nb, s.block_size).sum(-1)  # [M, nb]
+                y = y + F.linear(xs, self.mins, torch.zeros(1, dtype=x2.dtype))
         return y if self.bias is None else y + self.bias
 
 
 def quantize_model(model: nn.Module, spec: QuantSpec) -> nn.Module:
-    """Replace every linear layer of a (fused) StaticKVDecoder, lm_head included, with a QuantLinear, in place.
+    """Replace every linear layer of a (fused) StaticKVDecoder, lm_head included, with a QuantLinear, in place
+    (a layer that is already quantized, e.g. GGUF codes as stored, is re-quantized from its dequantized weight).
     The embedding stays in float (a gather reads one row per token); a tied lm_head gets its own codes."""
     if next(model.parameters()).dtype != torch.float32:
-        raise SpecExportError("quantized drafts are built from an fp32 target: use --dtype fp32")
+        raise SpecExportError("quantized models are built from fp32 weights: use --dtype fp32 (or omit --dtype)")
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
+            if isinstance(child, QuantLinear):
+                lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                lin.weight = nn.Parameter(child.dequantized(), requires_grad=False)
+                if child.bias is not None:
+                    lin.bias = child.bias
+                child = lin
             if isinstance(child, nn.Linear):
                 setattr(parent, name, QuantLinear(child, spec))
+    return model
+
+
+def quant_layers(model: nn.Module) -> dict[str, dict]:
+    """name -> QuantSpec fields of every QuantLinear (the manifest's record, to rebuild the shells at load)."""
+    from dataclasses import asdict
+    return {n: {**asdict(m.spec), "shape": [m.out_features, m.in_features], "bias": m.bias is not None}
+            for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+def apply_quant_layers(model: nn.Module, layers: dict[str, dict]) -> nn.Module:
+    """Put QuantLinear shells (filled by load_state_dict) where `quant_layers` recorded them."""
+    for name, rec in layers.items():
+        rec = dict(rec)
+        shape, bias = tuple(rec.pop("shape")), rec.pop("bias")
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, QuantLinear(None, QuantSpec(**rec), shape, torch.zeros(shape[0]) if bias else None))
     return model

@@ -47,6 +47,8 @@ class TritonPythonModel:
             options["max_batch"] = int(params["max_batch"])
         if params.get("prepack") == "true":
             options["prepack"] = True
+        if params.get("backend", "onnxruntime") == "onnxruntime":
+            options["preload"] = True  # every session before the first request
         self.dec = SpeculativeDecoder.load(engine, backend=params.get("backend", "onnxruntime"), **options)
         k = params.get("k") or None
         k = k if k in (None, "auto") else int(k)

@@ -45,3 +45,45 @@ def test_quantized_draft_samples_have_the_target_distribution(small, quant_engin
     sp = CASES[0]
     samples = sample(quant_engine, sp, N, k=k)
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def quant_target_engine(small, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("sampling") / "quant_target"
+    build(BuildConfig(target=small["target"], draft=small["draft"], target_quant="int4:b16", ks=(2,), max_seq_len=16,
+                      max_batch=100, prefill_chunk=8, out=str(out)), progress=False)
+    return SpeculativeDecoder.load(str(out), backend="onnxruntime")
+
+
+def engine_distribution(dec, sp) -> dict[tuple, float]:
+    """exact_distribution over the engine's own target logits (its prefill graph: MatMulNBits with int8
+    activations defines this target, so transformers' logits over dequantized weights are not it)."""
+    import itertools
+
+    import torch
+    from test_runtime_sampling import NEW, PROMPT, V
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+    procs = LogitsProcessorList([TemperatureLogitsWarper(sp.temperature)]
+                                + ([TopKLogitsWarper(sp.top_k)] if sp.top_k else [])
+                                + ([TopPLogitsWarper(sp.top_p)] if sp.top_p < 1 else []))
+    C, probs = dec.config.prefill_chunk, {}
+    for prefix_len in range(NEW):
+        for pre in itertools.product(range(V), repeat=prefix_len):
+            ids = PROMPT + list(pre)
+            chunk = torch.tensor([ids + [0] * (C - len(ids))])
+            logits = dec.target.prefill(chunk, torch.zeros(1, dtype=torch.long), torch.tensor([len(ids) - 1]), C)
+            row = procs(None, logits.clone()).softmax(-1)[0]
+            for t in range(V):
+                probs[pre + (t,)] = probs.get(pre, 1.0) * float(row[t])
+    return {s: v for s, v in probs.items() if len(s) == NEW}
+
+
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_quantized_target_samples_have_its_own_distribution(small, quant_target_engine, k):  # noqa: F811
+    """An int4 target (MatMulNBits, int8 activations): sampled output has the engine's own target distribution."""
+    sp = CASES[0]
+    exact = engine_distribution(quant_target_engine, sp)
+    samples = sample(quant_target_engine, sp, N, k=k)
+    assert chi2_pvalue(samples, exact) > 1e-3
+    assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6  # power

@@ -26,6 +26,26 @@ def test_greedy_engine_equals_transformers_at_every_k(engines, hf_reference, fam
         assert 0 < sum(o.stats.accepted for o in outs) < sum(o.stats.drafted for o in outs)  # perturbed draft
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_both_graph_sets_give_the_same_tokens(engines, portable_engines, hf_reference, family):
+    """The fused set (ONNX Runtime's ops) and the portable set (standard ops) pass the same exactness checks,
+    greedy and seeded sampling, and the fused graphs have far fewer nodes."""
+    import json
+    from pathlib import Path
+    fused, portable = (SpeculativeDecoder.load(e[family]) for e in (engines, portable_engines))
+    sampling = [SamplingParams(0.9, top_k=20, top_p=0.9, seed=5), SamplingParams(), SamplingParams(1.2, seed=6)]
+    for dec in (fused, portable):
+        assert [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)] == hf_reference[family]
+        for k in (1, 3, "auto"):
+            assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=k)] == hf_reference[family], k
+    for k in (1, 3):
+        a, b = ([o.token_ids for o in d.generate(PROMPTS, NEW, sampling=sampling, k=k)] for d in (fused, portable))
+        assert a == b, k
+    fused_n, portable_n = (json.loads((Path(e[family]) / "manifest.json").read_text())["models"]["target"]
+                           ["graphs"]["verify_k3_greedy"]["nodes"] for e in (engines, portable_engines))
+    assert fused_n < 0.5 * portable_n, (fused_n, portable_n)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prompt_lookup_engine(engines, hf_reference, backend):
     if backend == "torchscript":

@@ -13,7 +13,8 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:  # what llama.cpp's conv
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf, path, arch: str) -> None:
+def write_gguf(hf, path, arch: str, qtypes: dict | None = None) -> None:
+    """qtypes: checkpoint-name suffix (e.g. "q_proj.weight") -> a gguf quantization type name for that tensor."""
     import gguf
     c = hf.config
     w = gguf.GGUFWriter(str(path), arch)
@@ -49,7 +50,12 @@ def write_gguf(hf, path, arch: str) -> None:
                 a = _permute(a, c.num_key_value_heads)
         else:
             g = names[name]
-        w.add_tensor(g, a)
+        qtype = next((q for suffix, q in (qtypes or {}).items() if name.endswith(suffix)), None)
+        if qtype is None:
+            w.add_tensor(g, a)
+        else:
+            t = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(g, gguf.quants.quantize(a, t), raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
