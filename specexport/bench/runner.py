@@ -89,7 +89,7 @@ def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
     from ..export.loader import open_draft
     from ..drafters import PromptLookupDrafter
     from ..runtime import SpeculativeDecoder
-    opts = dict(max_batch=1, prepack=cfg.prepack, threads=cfg.threads)
+    opts = dict(max_batch=1, prepack=cfg.prepack, threads=cfg.threads, preload=True)
     base = SpeculativeDecoder.load(cfg.engines[0], drafter=PROMPT_LOOKUP, **opts)
     ks = base.built_ks()
     target, dcfg = base.target, base.config

@@ -59,7 +59,7 @@ def build_systems(cfg: VersusConfig, log=print) -> tuple[list[System], object]:
     from .peers import build_peers
     systems, base = [], None
     for label, path in cfg.engines.items():
-        dec = SpeculativeDecoder.load(path, max_batch=1, prepack=True, threads=cfg.threads)
+        dec = SpeculativeDecoder.load(path, max_batch=1, prepack=True, threads=cfg.threads, preload=True)
         base = base or dec
         group = "fp32" if label == "se-fp32" else "4-bit"
         systems.append(System(f"{label}/target-only", group, _se(dec, False, None, cfg.max_new_tokens)))

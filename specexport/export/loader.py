@@ -105,7 +105,7 @@ def _open(path: str, backend: str, options: dict):
             from ..backends.ort_engine import OrtEngine
             return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab,
                              prepack=options.get("prepack", False), ops=m.get("ops", "portable"),
-                             preload=options.get("preload", False))
+                             preload=options.get("preload"))
         if backend == "torchscript":
             if "torchscript" not in entry:
                 raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")

@@ -130,8 +130,9 @@ class Attention(nn.Module):
         # x: [B, T, hidden]; seqlens_k: [B] int32 (each row's last position); total_len: int32 scalar;
         # cos, sin: [max_positions, D/2]; returns out [B, T, hidden] and the written caches
         T = _static(x.shape[1])
-        q, k, v = _linear(self.qkv_proj, x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q, k, v = _linear(self.qkv_proj, x), None, None  # packed q/k/v, as GroupQueryAttention takes it
         if self.qk_norm:  # qwen3: per-head RMSNorm before rotary
+            q, k, v = q.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
             q = ort_ops.rms_norm(q.reshape(-1, T, self.h, self.d), self.q_norm.weight, self.q_norm.eps)
             k = ort_ops.rms_norm(k.reshape(-1, T, self.hkv, self.d), self.k_norm.weight, self.k_norm.eps)
             q, k = q.reshape(-1, T, self.h * self.d), k.reshape(-1, T, self.hkv * self.d)
@@ -144,10 +145,10 @@ def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """[..., in] -> [..., out] through a 2-D matmul. Traced, it always carries a bias (a broadcast zero when the
     layer has none) so that ONNX export emits Gemm(transB=1) over the stored weight: no transposed copy of
     it, and a tied lm_head shares the embedding's initializer."""
+    if not isinstance(lin, nn.Linear):  # a QuantLinear (models/quant.py): MatMulNBits over [B, T, in] as it is
+        return lin(x)
     T = _static(x.shape[1])  # x: [B, T, in]
     x2 = x.reshape(-1, lin.in_features)
-    if not isinstance(lin, nn.Linear):  # a QuantLinear (models/quant.py): its own 2-D op
-        return lin(x2).reshape(-1, T, lin.out_features)
     bias = lin.bias
     if bias is None and torch.jit.is_tracing():
         bias = torch.zeros(1, dtype=x.dtype, device=x.device)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -130,12 +131,12 @@ def dequantize_weight(q: dict[str, torch.Tensor], spec: QuantSpec, K: int) -> to
 
 
 class _MatMulNBits(torch.autograd.Function):
-    """Exported (legacy torch.onnx) as com.microsoft::MatMulNBits: x [M, K] -> [M, N]. Only traced: the value
+    """Exported (legacy torch.onnx) as com.microsoft::MatMulNBits: x [..., K] -> [..., N]. Only traced: the value
     here just carries the shape (no dequantized weight becomes a trace constant, which made exports slow)."""
 
     @staticmethod
     def forward(ctx, x, qweight, scales, zero_points, K, N, bits, block_size, accuracy_level):
-        return x.new_zeros(x.shape[0], N)
+        return x.new_zeros(*x.shape[:-1], N)
 
     @staticmethod
     def symbolic(g, x, qweight, scales, zero_points, K, N, bits, block_size, accuracy_level):
@@ -171,7 +172,7 @@ class QuantLinear(nn.Module):
             if not spec.symmetric:
                 q["zero_points"] = torch.zeros(N * math.ceil(nb * spec.bits / 8), dtype=torch.uint8)
             if spec.mins:
-                q["mins"] = torch.zeros(N, nb)
+                q["mins"] = torch.zeros(nb, N)  # transposed: the exported term is blocksum(x) [.., nb] @ mins
         for name, t in q.items():
             self.register_buffer(name, t)
         if spec.symmetric:
@@ -194,7 +195,7 @@ class QuantLinear(nn.Module):
         if not symmetric:
             layer.zero_points.copy_(_pack(torch.from_numpy(bc.zeros), bc.bits).reshape(-1))
         if bc.mins is not None:
-            layer.mins.copy_(torch.from_numpy(bc.mins))
+            layer.mins.copy_(torch.from_numpy(np.ascontiguousarray(bc.mins.T)))
         return layer
 
     def dequantized(self) -> torch.Tensor:
@@ -205,22 +206,23 @@ class QuantLinear(nn.Module):
                 q["zero_points"] = self.zero_points
             w = dequantize_weight(q, self.spec, self.in_features)
             if self.mins is not None:
-                N, nb = self.mins.shape
-                w = (w[:, :nb * self.spec.block_size].reshape(N, nb, -1) + self.mins[..., None]).reshape(N, -1)
+                nb, N = self.mins.shape
+                w = (w[:, :nb * self.spec.block_size].reshape(N, nb, -1) + self.mins.t()[..., None]).reshape(N, -1)
             self._weight = w
         return self._weight
 
-    def forward(self, x2: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out] (MatMulNBits takes any rank)
         s = self.spec
         if not torch.jit.is_tracing():  # eager: the dequantized weight
-            y = x2 @ self.dequantized().t()
+            y = x @ self.dequantized().t()
         else:  # exported: MatMulNBits over the codes (+ the block minimums' term; values here only give shapes)
-            y = _MatMulNBits.apply(x2, self.qweight, self.scales, self.zero_points, self.in_features,
+            y = _MatMulNBits.apply(x, self.qweight, self.scales, self.zero_points, self.in_features,
                                    self.out_features, s.bits, s.block_size, s.accuracy_level)
-            if self.mins is not None:  # sum_b min[n, b] * sum_{k in b} x[m, k]: Reshape, ReduceSum, Gemm(transB)
-                nb = int(self.mins.shape[1])
-                xs = x2.reshape(-1, nb, s.block_size).sum(-1)  # [M, nb]
-                y = y + F.linear(xs, self.mins, torch.zeros(1, dtype=x2.dtype))
+            if self.mins is not None:  # sum_b min[n, b] * sum_{k in b} x[.., k]: Reshape, ReduceSum, MatMul, Add
+                nb = int(self.mins.shape[0])
+                mid = [int(d) for d in x.shape[1:-1]]  # static (tokens per pass): no Shape/Slice/Concat chain
+                xs = x.reshape(-1, *mid, nb, s.block_size).sum(-1)  # [..., nb]
+                y = y + xs @ self.mins
         return y if self.bias is None else y + self.bias
 
 
