@@ -180,14 +180,17 @@ def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) 
     out = folder / name.replace(":", "-")
     if (out / MANIFEST).exists():
         m = json.loads((out / MANIFEST).read_text())
-        if m.get("ks") == sorted(ks) and m["models"].get("draft", {}).get("source") == name and m["max_batch"] == 1:
+        if m.get("ks") == sorted(ks) and m["models"].get("draft", {}).get("source") == name and m["max_batch"] == 1 \
+                and m.get("weights") == "dequantized":
             return str(out)
     print(f"[bench] building the engine for draft {name} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
-    build(BuildConfig(draft=spec, ks=ks, max_seq_len=1024, max_batch=1, sampling=False, out=str(out)), progress)
+    build(BuildConfig(draft=spec, ks=ks, max_seq_len=1024, max_batch=1, sampling=False, dtype="fp32", out=str(out)),
+          progress)  # the fp32 target, as before (the GGUF-as-stored target is `bench --peers`' se-gguf)
     return str(out)
 
 
-VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-gguf-fp32act": dict(activations="fp32")}
+VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-int4": dict(target_quant="int4"),
+                  "se-gguf-fp32act": dict(activations="fp32")}
 
 
 def _versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
@@ -199,8 +202,9 @@ def _versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
     out = folder / label
     if (out / MANIFEST).exists():
         m = json.loads((out / MANIFEST).read_text())
-        if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations")) == \
-                (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations):
+        if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations"), m.get("target_quant")) \
+                == (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations,
+                    cfg.target_quant):
             return str(out)
     print(f"[bench] building {label} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
     build(cfg, True)
@@ -331,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-auto", action="store_true", help="skip the k=auto rows")
     bn.add_argument("--peers", default=None,
                     help="compare with peers on the same GGUF instead: llama.cpp,ort-genai (the [peers] extra; a "
-                         "missing peer prints one line and is skipped); builds se-fp32, se-gguf, se-gguf-fp32act")
+                         "missing peer prints one line and is skipped); builds se-fp32, se-gguf, se-int4, "
+                         "se-gguf-fp32act")
     bn.add_argument("--lookup", default="4", help="--peers: the peers' lookup / n-gram draft lengths (e.g. 4,10)")
     bn.add_argument("--reps", type=int, default=1, help="--peers: repetitions over the prompt set")
     bn.add_argument("--no-prepack", action="store_true", help="onnxruntime without weight pre-packing")

@@ -5,7 +5,8 @@ Systems, grouped by bit width (every system on a prompt before the next prompt, 
          se-fp32 target-only and prompt lookup @auto (the dequantized engine, --dtype fp32),
          ort-genai-fp32 plain and +ngram<n> (its model builder's fp32 model from the same GGUF)
   4-bit  se-gguf target-only and prompt lookup @auto (the GGUF's Q4_1/Q8_0 codes as stored, int8 activations),
-         se-gguf-fp32act target-only (the same codes, fp32 activations: the fidelity row),
+         se-int4 likewise (--target-quant int4: the dequantized GGUF re-quantized, as ORT GenAI's int4 is),
+         se-gguf-fp32act target-only (the GGUF's codes, fp32 activations: the fidelity row),
          llama.cpp plain and +lookup<n> (the GGUF as stored), ort-genai-int4 plain and +ngram<n> (its own int4)
 Decode tokens/s exclude prefill for every system (the first new token belongs to prefill), as in
 GenerationStats; transformers' rate is end to end. The report gives per-category geometric means, the ratios
@@ -155,14 +156,16 @@ def targets(rate: dict, cats: list[str], names: list[str]) -> list[dict]:
 
     peers = [n for n in names if n.startswith(("llama.cpp", "ort-genai"))]
     add("fp32 target-only vs ORT GenAI fp32", "se-fp32/target-only", ["ort-genai-fp32"], 1.0)
-    add("4-bit target-only vs ORT GenAI int4", "se-gguf/target-only", ["ort-genai-int4"], 1.0)
-    add("4-bit target-only vs llama.cpp plain", "se-gguf/target-only", ["llama.cpp"], 1.5)
+    for label in ("se-gguf", "se-int4"):
+        add(f"4-bit target-only ({label}) vs ORT GenAI int4", f"{label}/target-only", ["ort-genai-int4"], 1.0)
+        add(f"4-bit target-only ({label}) vs llama.cpp plain", f"{label}/target-only", ["llama.cpp"], 1.5)
     add("fp32 speculative vs ORT GenAI fp32, best mode", "se-fp32/lookup@auto",
         [n for n in peers if n.startswith("ort-genai-fp32")], 1.5)
-    add("4-bit speculative vs ORT GenAI int4, best mode", "se-gguf/lookup@auto",
-        [n for n in peers if n.startswith("ort-genai-int4")], 1.5)
-    add("4-bit speculative vs llama.cpp, best mode", "se-gguf/lookup@auto",
-        [n for n in peers if n.startswith("llama.cpp")], 1.5)
+    for label in ("se-gguf", "se-int4"):
+        add(f"4-bit speculative ({label}) vs ORT GenAI int4, best mode", f"{label}/lookup@auto",
+            [n for n in peers if n.startswith("ort-genai-int4")], 1.5)
+        add(f"4-bit speculative ({label}) vs llama.cpp, best mode", f"{label}/lookup@auto",
+            [n for n in peers if n.startswith("llama.cpp")], 1.5)
     if "se-fp32/lookup@auto" in a:
         spec = {c: rate[c]["se-fp32/lookup@auto"] / rate[c]["se-fp32/target-only"] for c in cats}
         out.append({"target": "fp32 lookup@auto vs own target-only (min category >= 1.3)", "ours":
