@@ -13,7 +13,9 @@ order (`io_names` gives the names), with every layer's KV cache as an input and 
 
 kv is (key.0 .. key.{n-1}, value.0 .. value.{n-1}), each [B, Hkv, S, D]. key_pos is arange(L): attention reads
 the first L cache positions (L >= max(past_len) + tokens; the engines pass S when shapes must be fixed).
-verify with k = 0 is the target-only step. The fused graph set (ONNX Runtime's ops, models/ort_ops.py) has no
+verify with k = 0 is the target-only step; `verify_k0_exact` (fused set) is the same step whose attention runs
+over the current token twice (positions past_len and past_len+1, the second row dropped) so that ONNX Runtime
+uses its multi-row attention kernel, as in every verify pass (backends/ort_engine.py: exactness). The fused graph set (ONNX Runtime's ops, models/ort_ops.py) has no
 fused k-pass draft graph: its draft runs one pass per call, `draft_pass{W}`: tokens [B, W] (W = 1 or 2, the
 last W committed or drafted tokens, the last at past_len) -> draft [B, 1] (and q [B, 1, V]), KV written in place.
 Greedy graphs take no sampling inputs; in sampling graphs, rows with greedy[b] take the greedy rule (their
@@ -61,7 +63,7 @@ def io_names(kind: str, k: int, sampling: bool, num_layers: int) -> tuple[list[s
         ins, outs = ["last_two", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
     elif kind == "draft_pass":
         ins, outs = ["tokens", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
-    elif kind == "verify":
+    elif kind in ("verify", "verify_exact"):
         ins = ["tokens", "draft_len", "past_len", "key_pos"] + s_in + (["q"] if sampling and k > 0 else [])
         outs = ["n_accepted", "next", "committed"]
     else:
@@ -74,6 +76,8 @@ def graph_name(kind: str, k: int = 0, sampling: bool = False) -> str:
     mode = "sample" if sampling else "greedy"
     if kind == "prefill":
         return "prefill"
+    if kind == "verify_exact":
+        return f"verify_k0_exact_{mode}"
     return f"draft_pass{k}_{mode}" if kind == "draft_pass" else f"{kind}_k{k}_{mode}"
 
 
@@ -130,7 +134,7 @@ class DraftStep(_Step):
         last = torch.full_like(past_len, W - 1)  # first pass: the logits after the last re-read token
         drafts, qs = [], []
         pending = None
-        if not self.inplace and self.model.ops != "fused":  # exported: the passes only read the caches; one
+        if not self.inplace and not self.model.ops.startswith("fused"):  # exported: the passes only read the caches; one
             # write per layer at the end (fused: GroupQueryAttention writes in place, one pass per graph)
             n = self.n
             L = key_pos.shape[0]
@@ -215,6 +219,6 @@ def make_step(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_
         return DraftStep(model, k, sampling, target_vocab, **kw)
     if kind == "draft_pass":  # one pass (k = 1) over W = k tokens
         return DraftStep(model, 1, sampling, target_vocab, **kw)
-    if kind == "verify":
+    if kind in ("verify", "verify_exact"):  # verify_exact: the model is traced with ops="fused_rows2"
         return VerifyStep(model, k, sampling, **kw)
     raise ValueError(kind)

@@ -20,12 +20,13 @@
   default). Fused graphs write the caches inside GroupQueryAttention, whose CPU kernel takes multi-token rows
   with a past only at batch 1: such calls (prefill, verify) at batch B > 1 run row by row. A fused draft has one
   graph per pass (draft_pass1/2), chained here: k calls, each feeding the token the previous one drafted.
-- Exact target-only steps (fused): ONNX Runtime computes a one-token pass with other kernels than a multi-token
-  pass (GroupQueryAttention and fp32 matmuls round differently at M = 1 and agree with each other for every
-  M >= 2), so a 1-token target step could differ from the same position verified in a k+1-token pass after a
-  near tie. At batch 1 the target-only step is therefore a 2-token verify_k1 pass over [current, current] with
-  draft_len 0: every target pass has >= 2 rows and speculative output equals target-only output token for
-  token. Batched target-only steps (B > 1) keep the 1-token batched kernel (see README: exactness).
+- Exact target-only steps (fused): ONNX Runtime's GroupQueryAttention computes a one-token pass with another
+  kernel than a multi-token pass (they round differently; every row count >= 2 agrees bit for bit), so a
+  1-token target step could differ from the same position verified in a k+1-token pass after a near tie. At
+  batch 1 the target-only step is therefore `verify_k0_exact`: 1-row linears (MatMulNBits and pre-packed
+  Gemm agree across row counts), attention over the current token twice, the second row dropped; speculative
+  output equals target-only output token for token. Batched target-only steps (B > 1) keep the 1-token
+  batched graph, as the kernel refuses multi-token rows with a past at batch > 1 (see README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
   `enable_cuda_graph` and one gpu_graph_id per (graph, batch); key_pos is then always the full S so that
   every replay has the same shapes. The provider copies the shared host weights into each session, so on
@@ -119,7 +120,7 @@ class OrtEngine:
         graphs open at the first sampled request): a fused engine's 1-token target step only runs at batch > 1."""
         if name.endswith("_sample"):
             return False
-        return not (self.fused and self.max_batch == 1 and name.startswith("verify_k0_"))
+        return not (self.fused and self.max_batch == 1 and name == "verify_k0_greedy")
 
     def _session_options(self, prepack: bool, spin: bool = True):
         ort = self.ort
@@ -238,17 +239,15 @@ class OrtEngine:
         return out[0], (out[1] if sampling is not None else None)
 
     def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
-        if k == 0 and self.fused and len(tokens) == 1 and "verify_k1_greedy" in self.graphs:  # (see the docstring)
-            kv2 = min(kv_len + 1, self.cache_len)
-            n_acc, nxt, committed = self.verify(tokens.repeat(1, 2), draft_len, past_len, kv2, 1, sampling,
-                                                u.repeat(1, 2), None)
-            return n_acc, nxt, committed[:, :1]
+        name = graph_name("verify", k, sampling is not None)
+        if k == 0 and self.fused and len(tokens) == 1:  # (see the module docstring: exactness)
+            name, kv_len = graph_name("verify_exact", 0, sampling is not None), min(kv_len + 1, self.cache_len)
         ins = dict(tokens=tokens, draft_len=draft_len, past_len=past_len)
         if sampling is not None:
             ins.update(_sampling(sampling), u=u)
             if k > 0:
                 ins["q"] = q if q is not None else torch.nn.functional.one_hot(tokens[:, 1:], self.target_vocab).float()
-        out = self._run(graph_name("verify", k, sampling is not None), len(tokens), ins, kv_len)
+        out = self._run(name, len(tokens), ins, kv_len)
         return out[0], out[1], out[2]
 
 

@@ -37,13 +37,17 @@ def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tupl
     """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
     draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""
     modes = (False, True) if cfg.sampling else (False,)
-    if role == "target":  # fused: verify_k1 also serves the exact target-only step (backends/ort_engine.py)
-        kind, ks = "verify", tuple(sorted({0, *cfg.ks, *((1,) if (ops or cfg.ops) == "fused" else ())}))
-    elif (ops or cfg.ops) == "fused":
+    fused = (ops or cfg.ops) == "fused"
+    if role == "target":
+        kind, ks = "verify", (0, *cfg.ks)
+    elif fused:
         kind, ks = "draft_pass", (1, 2)
     else:
         kind, ks = "draft", cfg.ks
-    return [("prefill", "prefill", 0, False)] + [(graph_name(kind, k, s), kind, k, s) for k in ks for s in modes]
+    graphs = [("prefill", "prefill", 0, False)] + [(graph_name(kind, k, s), kind, k, s) for k in ks for s in modes]
+    if role == "target" and fused:  # the exact batch-1 target-only step (steps.py, backends/ort_engine.py)
+        graphs += [(graph_name("verify_exact", 0, s), "verify_exact", 0, s) for s in modes]
+    return graphs
 
 
 class _Stages:

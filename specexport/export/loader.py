@@ -63,7 +63,7 @@ def check_graphs(m: dict) -> None:
             if [x for x in want_in if x in got_in] != got_in or got_out != want_out:  # (unused inputs are pruned)
                 raise SpecExportError(f"engine {role} graph {name} has inputs/outputs this specexport does not "
                                       f"expect: {fix}")
-            T = {"prefill": m["prefill_chunk"], "draft": 2, "draft_pass": k, "verify": k + 1}[kind]
+            T = {"prefill": m["prefill_chunk"], "draft": 2, "draft_pass": k, "verify": k + 1, "verify_exact": 1}[kind]
             if g["inputs"][0][2] != ["B", T]:
                 raise SpecExportError(f"engine {role} graph {name} takes {g['inputs'][0][2]} tokens, the manifest "
                                       f"implies ['B', {T}]: {fix}")

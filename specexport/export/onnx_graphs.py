@@ -31,7 +31,7 @@ def example_inputs(model: StaticKVDecoder, kind: str, k: int, sampling: bool, ch
     """Inputs to trace with (batch 2 and a key prefix L < S, so neither is specialised into the graph)."""
     cfg, B, S = model.cfg, batch, cache_len
     p = next(model.parameters())
-    T = {"prefill": chunk, "draft": 2, "draft_pass": k, "verify": k + 1}[kind]
+    T = {"prefill": chunk, "draft": 2, "draft_pass": k, "verify": k + 1, "verify_exact": 1}[kind]
     past = torch.tensor([1, 2] * B)[:B]
     L = min(S, 2 + T + max(k, 1) + 1)
     ids = lambda *shape: torch.randint(0, min(cfg.vocab_size, target_vocab), shape)  # noqa: E731
@@ -83,7 +83,7 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
     module = make_step(model, kind, k, sampling, target_vocab, inplace=False, static=True)
     inputs = example_inputs(model, kind, k, sampling, chunk, cache_len, target_vocab)
     in_names, out_names = io_names(kind, k, sampling, model.cfg.num_layers)
-    model.ops = ops
+    model.ops = "fused_rows2" if kind == "verify_exact" else ops
     try:
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer chatter about python ints; shapes are checked by the tests

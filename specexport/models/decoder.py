@@ -125,7 +125,7 @@ class Attention(nn.Module):
         out = out.reshape(-1, self.h, T, self.d)
         return _linear(self.o_proj, out.transpose(1, 2).reshape(-1, T, self.h * self.d)), k, v
 
-    def forward_fused(self, x, seqlens_k, total_len, cos, sin, k_cache, v_cache, window):
+    def forward_fused(self, x, seqlens_k, total_len, cos, sin, k_cache, v_cache, window, rows2: bool = False):
         # The fused graph set: one GroupQueryAttention node does rotary, the in-place cache write and attention.
         # x: [B, T, hidden]; seqlens_k: [B] int32 (each row's last position); total_len: int32 scalar;
         # cos, sin: [max_positions, D/2]; returns out [B, T, hidden] and the written caches
@@ -136,8 +136,12 @@ class Attention(nn.Module):
             q = ort_ops.rms_norm(q.reshape(-1, T, self.h, self.d), self.q_norm.weight, self.q_norm.eps)
             k = ort_ops.rms_norm(k.reshape(-1, T, self.hkv, self.d), self.k_norm.weight, self.k_norm.eps)
             q, k = q.reshape(-1, T, self.h * self.d), k.reshape(-1, T, self.hkv * self.d)
+        if rows2:  # [B, 1, .] -> [B, 2, .]: the same token twice (run_fused)
+            q, k, v = (None if t is None else torch.cat([t, t], 1) for t in (q, k, v))
         out, k_cache, v_cache = ort_ops.gqa(q, k, v, k_cache, v_cache, seqlens_k, total_len, cos, sin, self.h,
                                             self.hkv, window)
+        if rows2:
+            out = out[:, :1]
         return _linear(self.o_proj, out), k_cache, v_cache
 
 
@@ -248,7 +252,9 @@ class StaticKVDecoder(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.max_positions = max_positions
-        self.ops = "portable"  # "fused": run_fused (ONNX Runtime's fused ops) when traced for the fused graph set
+        # "fused": run_fused (ONNX Runtime's fused ops) when traced for the fused graph set; "fused_rows2": the
+        # same with each layer's attention over every token twice (the exact 1-token step, see run_fused)
+        self.ops = "portable"
         self._set_rope(torch.float32)
 
     def fuse(self) -> "StaticKVDecoder":
@@ -284,7 +290,7 @@ class StaticKVDecoder(nn.Module):
         inplace: write the caches in place (eager, TorchScript) or return new ones (ONNX export).
         returns logits [B, T, V] (or [B, 1, V] with logits_index) in fp32, keys, values.
         """
-        if self.ops == "fused":
+        if self.ops.startswith("fused"):
             return self.run_fused(tokens, past_len, key_pos, keys, values, logits_index)
         T = _static(tokens.shape[1])
         S = keys[0].shape[2]
@@ -315,7 +321,12 @@ class StaticKVDecoder(nn.Module):
         as exported); batch > 1 with T > 1 runs only eagerly (ONNX Runtime's kernel refuses it)."""
         T = _static(tokens.shape[1])
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        seqlens_k = (past_len + (T - 1)).to(torch.int32)  # [B]: each row's last position
+        # rows2 (a 1-token pass): attention sees the token at past_len and again at past_len + 1 (dropped after),
+        # so that ONNX Runtime runs its multi-row attention kernel, which rounds as in every verify pass; the
+        # linears stay 1-row (their kernels agree across row counts)
+        rows2 = self.ops == "fused_rows2"
+        assert not rows2 or T == 1
+        seqlens_k = (past_len + (T - 1 + rows2)).to(torch.int32)  # [B]: each row's last attention position
         total_len = (key_pos[-1] + 1).to(torch.int32)  # L, as a scalar
         layers = self.model.layers
         residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
@@ -324,7 +335,7 @@ class StaticKVDecoder(nn.Module):
         for i, layer in enumerate(layers):
             h, keys[i], values[i] = layer.self_attn.forward_fused(x, seqlens_k, total_len, self.rope_cos_half,
                                                                   self.rope_sin_half, keys[i], values[i],
-                                                                  cfg.sliding_window)
+                                                                  cfg.sliding_window, rows2)
             x, residual = ort_ops.add_rms_norm(h, residual, layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
             # x: the next layer's (or the final) normed input
