@@ -96,6 +96,7 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
             shapes = [t.shape for t in module(*inputs)]  # shape inference, which would leave dims unnamed
     finally:
         model.ops = "portable"
+    _pack_qkv(proto)
     for value_info, shape in zip(proto.graph.output, shapes):
         dims = value_info.type.tensor_type.shape.dim
         for d, n in zip(dims, ["B", *shape[1:]]):
@@ -125,6 +126,25 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
     return {"file": path.name, "inputs": [_io(t) for t in proto.graph.input],
             "outputs": [_io(t) for t in proto.graph.output], "nodes": sum(ops.values()),
             "op_counts": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+
+
+def _pack_qkv(proto) -> None:
+    """GroupQueryAttention takes the packed [q | k | v] projection as its query input with key and value left
+    empty: where its three inputs are the three outputs of one Split, feed it the Split's input instead and drop
+    the Split (one node less per layer). An ONNX-level rewrite: the traced graph has the Split."""
+    nodes = proto.graph.node
+    producer = {o: n for n in nodes for o in n.output}
+    consumers: dict[str, int] = {}
+    for n in nodes:
+        for i in n.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    for n in [n for n in nodes if n.op_type == "GroupQueryAttention"]:
+        split = producer.get(n.input[0])
+        if (split is None or split.op_type != "Split" or list(split.output) != list(n.input[:3])
+                or any(consumers.get(o, 0) != 1 for o in split.output)):
+            continue
+        n.input[0], n.input[1], n.input[2] = split.input[0], "", ""
+        nodes.remove(split)
 
 
 def _custom_opsets(model: torch.nn.Module, ops: str) -> dict | None:

@@ -128,16 +128,18 @@ class Attention(nn.Module):
     def forward_fused(self, x, seqlens_k, total_len, cos, sin, k_cache, v_cache, window, rows2: bool = False):
         # The fused graph set: one GroupQueryAttention node does rotary, the in-place cache write and attention.
         # x: [B, T, hidden]; seqlens_k: [B] int32 (each row's last position); total_len: int32 scalar;
-        # cos, sin: [max_positions, D/2]; returns out [B, T, hidden] and the written caches
-        T = _static(x.shape[1])
-        q, k, v = _linear(self.qkv_proj, x), None, None  # packed q/k/v, as GroupQueryAttention takes it
+        # cos, sin: [max_positions, D/2]; rows2: T = 1, attention over the token twice (run_fused);
+        # returns out [B, T, hidden] and the written caches
+        qkv = _linear(self.qkv_proj, x)  # [B, T, (H + 2 Hkv) D]
+        if rows2:
+            qkv = torch.cat([qkv, qkv], 1)
+        T = _static(qkv.shape[1])
+        # (export packs q/k/v back into GroupQueryAttention's one input where nothing sits between: onnx_graphs.py)
+        q, k, v = qkv.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         if self.qk_norm:  # qwen3: per-head RMSNorm before rotary
-            q, k, v = q.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
             q = ort_ops.rms_norm(q.reshape(-1, T, self.h, self.d), self.q_norm.weight, self.q_norm.eps)
             k = ort_ops.rms_norm(k.reshape(-1, T, self.hkv, self.d), self.k_norm.weight, self.k_norm.eps)
             q, k = q.reshape(-1, T, self.h * self.d), k.reshape(-1, T, self.hkv * self.d)
-        if rows2:  # [B, 1, .] -> [B, 2, .]: the same token twice (run_fused)
-            q, k, v = (None if t is None else torch.cat([t, t], 1) for t in (q, k, v))
         out, k_cache, v_cache = ort_ops.gqa(q, k, v, k_cache, v_cache, seqlens_k, total_len, cos, sin, self.h,
                                             self.hkv, window)
         if rows2:

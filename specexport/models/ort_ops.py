@@ -89,13 +89,11 @@ def _rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class _GQA(Function):
     @staticmethod
     def forward(ctx, q, k, v, k_cache, v_cache, seqlens_k, total_len, cos, sin, num_heads, kv_heads, window):
-        # q [B, T, H*D]; k, v [B, T, Hkv*D] (or None: q is the packed [B, T, (H + 2 Hkv) * D] projection);
-        # caches [B, Hkv, S, D]; seqlens_k [B] int32 (last position); total_len: int32 scalar (attention extent
-        # bound); cos, sin [max_pos, D/2]; window: keys each query sees, 0 = all
+        # q [B, T, H*D]; k, v [B, T, Hkv*D]; caches [B, Hkv, S, D]; seqlens_k [B] int32 (last position);
+        # total_len: int32 scalar (attention extent bound); cos, sin [max_pos, D/2]; window: keys each query
+        # sees, 0 = all
         B, T = q.shape[0], q.shape[1]
         D = k_cache.shape[-1]
-        if k is None:
-            q, k, v = q.split([num_heads * D, kv_heads * D, kv_heads * D], dim=-1)
         pos = seqlens_k.long()[:, None] - (T - 1) + torch.arange(T)  # [B, T]
         c, s = cos[pos][:, :, None], sin[pos][:, :, None]  # [B, T, 1, D/2]
         qh = _rope_half(q.reshape(B, T, num_heads, D), c, s).transpose(1, 2)  # [B, H, T, D]
@@ -115,15 +113,10 @@ class _GQA(Function):
 
     @staticmethod
     def symbolic(g, q, k, v, k_cache, v_cache, seqlens_k, total_len, cos, sin, num_heads, kv_heads, window):
-        from torch.onnx._internal.torchscript_exporter.symbolic_helper import _is_none, \
-            _optional_input_placeholder_tensor
-        if _is_none(k):  # packed QKV: the key and value inputs stay empty
-            k, v = _optional_input_placeholder_tensor(g), _optional_input_placeholder_tensor(g)
         out, kc, vc = g.op("com.microsoft::GroupQueryAttention", q, k, v, k_cache, v_cache, seqlens_k, total_len,
                            cos, sin, num_heads_i=num_heads, kv_num_heads_i=kv_heads, do_rotary_i=1,
                            rotary_interleaved_i=0, local_window_size_i=window if window else -1, outputs=3)
-        out.setType(q.type().with_sizes([*q.type().varyingSizes()[:-1], num_heads * k_cache.type().varyingSizes()[-1]])
-                    if q.type().varyingSizes() else q.type())
+        out.setType(q.type())
         kc.setType(k_cache.type())
         vc.setType(v_cache.type())
         return out, kc, vc
@@ -131,6 +124,5 @@ class _GQA(Function):
 
 def gqa(q, k, v, k_cache, v_cache, seqlens_k, total_len, cos, sin, num_heads: int, kv_heads: int,
         window: int | None):
-    """See the module docstring (k = v = None: q is the packed q/k/v projection). Returns out [B, T, H*D] and
-    the caches with the new keys/values written."""
+    """See the module docstring. Returns out [B, T, H*D] and the caches with the new keys/values written."""
     return _GQA.apply(q, k, v, k_cache, v_cache, seqlens_k, total_len, cos, sin, num_heads, kv_heads, window or 0)
