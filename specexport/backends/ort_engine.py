@@ -7,10 +7,10 @@
   (ONNX Runtime's Python API has no shared pre-packed weights container). `prepack=True` trades that memory
   (one packed copy per step graph used) for speed: multi-token passes (verify over k+1, prefill chunks) then
   cost little more than a one-token pass. Quantized layers (MatMulNBits) always pre-pack (about 150x slower
-  without). The greedy graphs' sessions open at load and the sampling graphs' at their first use (`preload=True`:
-  all at load, False: each at first use), and once a session has packed
-  its weights the mapped file's pages go back to the page cache, so a run holds one packed copy per graph it
-  calls and not the unpacked original as well.
+  without). The greedy graphs' sessions open at load and the sampling graphs' at their first use
+  (`preload=True`: all at load, False: each at first use), and once a session has packed its weights the
+  mapped file's pages go back to the page cache, so a run holds one packed copy per graph it calls and not
+  the unpacked original as well.
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
   binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
   new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
@@ -90,7 +90,7 @@ class OrtEngine:
         else:
             self.providers = ["CPUExecutionProvider"]
         self.threads = threads
-        # a quantized draft's MatMulNBits runs only over pre-packed weights (about 60x slower without them)
+        # quantized layers (MatMulNBits) run only over pre-packed weights (about 150x slower without them)
         self.prepack = prepack or bool(entry.get("quant") or entry.get("quant_layers"))
         if entry["kv_dtype"] == "bfloat16":
             raise SpecExportError("bf16 engines have no numpy type for ONNX Runtime's buffers here: build with "
@@ -122,25 +122,28 @@ class OrtEngine:
             return False
         return not (self.fused and self.max_batch == 1 and name == "verify_k0_greedy")
 
-    def _session_options(self, prepack: bool, spin: bool = True):
+    def _session_options(self, prepack: bool):
         ort = self.ort
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
-        if not spin:
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        else:  # spin between the nodes of a run (no futex wake-up per op), stop when the run ends, so that a
-            so.add_session_config_entry("session.force_spinning_stop", "1")  # session run next gets the cores
+        # Each session has its own thread pool. A speculative step alternates sessions (draft, verify_k4;
+        # verify_k2, verify_k4), and a pool still spinning after its run took the cores the next session needs
+        # (a k=4 verify measured 1.6x a target-only step); a pool that never spins pays a thread wake-up per
+        # parallel node instead. So pools spin within a run and stop at its end: measured on the Q4_1 engine,
+        # one process, alternating, +30% target-only and +27% prompt lookup auto over spinning only in the
+        # target-only session.
+        so.add_session_config_entry("session.force_spinning_stop", "1")
         if self.threads:
             so.intra_op_num_threads = self.threads
         return so
 
-    def _open(self, rel: str, prepack: bool, spin: bool = True):
+    def _open(self, rel: str, prepack: bool):
         import onnx
         path = str(self.folder / rel)
-        so = self._session_options(prepack, spin)
+        so = self._session_options(prepack)
         for init in onnx.load(path, load_external_data=False).graph.initializer:
             if init.name in self._weights:
                 so.add_initializer(init.name, self._weight_value(init.name))
@@ -154,14 +157,7 @@ class OrtEngine:
             raise SpecExportError(f"this engine has no {name!r} graph (built: {', '.join(sorted(self.graphs))}); "
                                   "rebuild with the k values and modes you need")
         if name not in self._sessions:
-            # Each session has its own thread pool. A speculative step alternates sessions (draft, verify_k4;
-            # verify_k2, verify_k4), and a pool still spinning after its run took the cores the next session
-            # needs (a k=4 verify measured 1.6x a target-only step). Without spinning, every parallel node pays a
-            # thread wake-up instead. So pools spin within a run and stop at its end (force_spinning_stop):
-            # measured on the Q4_1 engine, one process, alternating: +30% target-only, +27% prompt lookup auto
-            # over spinning only in the target-only session.
-            spin = True
-            self._sessions[name] = self._open(self.graphs[name]["file"], self.prepack, spin)
+            self._sessions[name] = self._open(self.graphs[name]["file"], self.prepack)
             if self.prepack and self.device != "cuda":
                 self._drop_weight_pages()
         return self._sessions[name]
