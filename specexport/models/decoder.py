@@ -130,7 +130,7 @@ class Attention(nn.Module):
         # x: [B, T, hidden]; seqlens_k: [B] int32 (each row's last position); total_len: int32 scalar;
         # cos, sin: [max_positions, D/2]; rows2: T = 1, attention over the token twice (run_fused);
         # returns out [B, T, hidden] and the written caches
-        qkv = _linear(self.qkv_proj, x)  # [B, T, (H + 2 Hkv) D]
+        qkv = _fused_linear(self.qkv_proj, x)  # [B, T, (H + 2 Hkv) D]
         if rows2:
             qkv = torch.cat([qkv, qkv], 1)
         T = _static(qkv.shape[1])
@@ -144,7 +144,7 @@ class Attention(nn.Module):
                                             self.hkv, window)
         if rows2:
             out = out[:, :1]
-        return _linear(self.o_proj, out), k_cache, v_cache
+        return _fused_linear(self.o_proj, out), k_cache, v_cache
 
 
 def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -159,6 +159,14 @@ def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if bias is None and torch.jit.is_tracing():
         bias = torch.zeros(1, dtype=x.dtype, device=x.device)
     return F.linear(x2, lin.weight, bias).reshape(-1, T, lin.out_features)
+
+
+def _fused_linear(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The fused graph set's linear: [B, T, in] -> [B, T, out] as one FusedMatMul (float) or MatMulNBits
+    (QuantLinear) node, without the 2-D reshapes that Gemm needs."""
+    if not isinstance(lin, nn.Linear):
+        return lin(x)
+    return ort_ops.linear(x, lin.weight, lin.bias)
 
 
 def _static(n) -> int:
@@ -203,8 +211,8 @@ class MLP(nn.Module):
         return _linear(self.down_proj, F.silu(gate) * up)
 
     def forward_fused(self, x):
-        gate, up = _linear(self.gate_up_proj, x).split(self.down_proj.in_features, dim=-1)
-        return _linear(self.down_proj, ort_ops.silu(gate) * up)
+        gate, up = _fused_linear(self.gate_up_proj, x).split(self.down_proj.in_features, dim=-1)
+        return _fused_linear(self.down_proj, ort_ops.silu(gate) * up)
 
 
 def _concat_linears(parts: list[nn.Linear]) -> nn.Linear:
@@ -344,7 +352,7 @@ class StaticKVDecoder(nn.Module):
             x, residual = ort_ops.add_rms_norm(layer.mlp.forward_fused(x), residual, nxt, eps)
         if logits_index is not None:
             x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
-        return _linear(self.lm_head, x).float(), keys, values
+        return _fused_linear(self.lm_head, x).float(), keys, values
 
     def run_pending(self, tokens: torch.Tensor, prefix_len: torch.Tensor, key_pos: torch.Tensor,
                     k_prefix: list[torch.Tensor], v_prefix: list[torch.Tensor], k_pend: list | None,

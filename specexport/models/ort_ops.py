@@ -6,6 +6,7 @@ the eager result against ONNX Runtime's kernel) and exports as one node:
   rms_norm(x, w)                 SimplifiedLayerNormalization           x [.., hidden] -> normed
   add_rms_norm(x, skip, w)       SkipSimplifiedLayerNormalization       -> normed(x + skip), x + skip
   silu(x)                        QuickGelu (alpha = 1)                  x * sigmoid(x)
+  linear(x, w)                   FusedMatMul (transB = 1)               x [B, T, in] @ w[out, in]^T, no reshapes
   gqa(q, k, v, k_cache, ...)     GroupQueryAttention (do_rotary=1)      rotary on q and k, k/v written into the
                                                                         caches at their positions, causal (and
                                                                         windowed) grouped attention
@@ -77,6 +78,25 @@ class _SiLU(Function):
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     return _SiLU.apply(x)
+
+
+class _Linear(Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        return F.linear(x, w)
+
+    @staticmethod
+    def symbolic(g, x, w):  # the stored [out, in] weight, read transposed (pre-packed like Gemm's)
+        y = g.op("com.microsoft::FusedMatMul", x, w, transB_i=1)
+        sizes = x.type().varyingSizes()
+        y.setType(x.type().with_sizes([*sizes[:-1], w.type().varyingSizes()[0]]) if sizes else x.type())
+        return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ w [out, in]^T (+ bias): one node for any rank (Gemm needs 2-D input and two Reshapes)."""
+    y = _Linear.apply(x, w)
+    return y if bias is None else y + bias
 
 
 def _rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
