@@ -75,8 +75,8 @@ class DecoderConfig:
 
 
 FORMATS = ("onnx", "torchscript")
-OPS = ("fused", "portable")
-ACTIVATIONS = ("int8", "fp32")  # ONNX graph sets: ONNX Runtime's fused ops, or standard ops any runtime has
+OPS = ("fused", "portable")  # ONNX graph sets: ONNX Runtime's fused ops, or standard ops any runtime has
+ACTIVATIONS = ("int8", "fp32")  # what quantized layers compute with (MatMulNBits accuracy_level 4 or 0)
 
 
 @dataclass(frozen=True)

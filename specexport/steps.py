@@ -15,9 +15,10 @@ kv is (key.0 .. key.{n-1}, value.0 .. value.{n-1}), each [B, Hkv, S, D]. key_pos
 the first L cache positions (L >= max(past_len) + tokens; the engines pass S when shapes must be fixed).
 verify with k = 0 is the target-only step; `verify_k0_exact` (fused set) is the same step whose attention runs
 over the current token twice (positions past_len and past_len+1, the second row dropped) so that ONNX Runtime
-uses its multi-row attention kernel, as in every verify pass (backends/ort_engine.py: exactness). The fused graph set (ONNX Runtime's ops, models/ort_ops.py) has no
-fused k-pass draft graph: its draft runs one pass per call, `draft_pass{W}`: tokens [B, W] (W = 1 or 2, the
-last W committed or drafted tokens, the last at past_len) -> draft [B, 1] (and q [B, 1, V]), KV written in place.
+uses its multi-row attention kernel, as in every verify pass (backends/ort_engine.py: exactness). The fused
+graph set (ONNX Runtime's ops, models/ort_ops.py) has no fused k-pass draft graph: its draft runs one pass per
+call, `draft_pass{W}`: tokens [B, W] (W = 1 or 2, the last W committed or drafted tokens, the last at past_len)
+-> draft [B, 1] (and q [B, 1, V]), KV written in place.
 Greedy graphs take no sampling inputs; in sampling graphs, rows with greedy[b] take the greedy rule (their
 temperature must be passed as 1).
 The draft's tokens and q are in the target's vocabulary (a larger draft vocabulary is cut, a smaller one
@@ -69,6 +70,11 @@ def io_names(kind: str, k: int, sampling: bool, num_layers: int) -> tuple[list[s
     else:
         raise ValueError(kind)
     return ins + kv_names(num_layers), outs + kv_names(num_layers, "_out")
+
+
+def tokens_per_pass(kind: str, k: int, chunk: int) -> int:
+    """T, the static token width of a step graph (its `tokens` / `last_two` input is [B, T])."""
+    return {"prefill": chunk, "draft": 2, "draft_pass": k, "verify": k + 1, "verify_exact": 1}[kind]
 
 
 def graph_name(kind: str, k: int = 0, sampling: bool = False) -> str:
@@ -134,8 +140,9 @@ class DraftStep(_Step):
         last = torch.full_like(past_len, W - 1)  # first pass: the logits after the last re-read token
         drafts, qs = [], []
         pending = None
-        if not self.inplace and not self.model.ops.startswith("fused"):  # exported: the passes only read the caches; one
-            # write per layer at the end (fused: GroupQueryAttention writes in place, one pass per graph)
+        # exported: the passes only read the caches, one write per layer at the end (fused: GroupQueryAttention
+        # writes in place, one pass per graph)
+        if not self.inplace and not self.model.ops.startswith("fused"):
             n = self.n
             L = key_pos.shape[0]
             prefix = [c[:, :, :L] for c in kv]  # [B, Hkv, L, D] each, sliced once for all k passes

@@ -44,7 +44,7 @@ def check_graphs(m: dict) -> None:
     """Every graph the manifest's k values and modes call for is there, with the inputs and outputs (names and
     batch-free shapes) this version of the runtime binds."""
     from ..config import BuildConfig
-    from ..steps import io_names
+    from ..steps import io_names, tokens_per_pass
     from .build import graph_list
     cfg = BuildConfig(ks=tuple(m["ks"]), sampling=m.get("sampling_graphs", True), max_seq_len=m["max_seq_len"],
                       max_batch=m["max_batch"], prefill_chunk=m["prefill_chunk"], dtype=m["dtype"],
@@ -63,7 +63,7 @@ def check_graphs(m: dict) -> None:
             if [x for x in want_in if x in got_in] != got_in or got_out != want_out:  # (unused inputs are pruned)
                 raise SpecExportError(f"engine {role} graph {name} has inputs/outputs this specexport does not "
                                       f"expect: {fix}")
-            T = {"prefill": m["prefill_chunk"], "draft": 2, "draft_pass": k, "verify": k + 1, "verify_exact": 1}[kind]
+            T = tokens_per_pass(kind, k, m["prefill_chunk"])
             if g["inputs"][0][2] != ["B", T]:
                 raise SpecExportError(f"engine {role} graph {name} takes {g['inputs'][0][2]} tokens, the manifest "
                                       f"implies ['B', {T}]: {fix}")

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..models import StaticKVDecoder
-from ..steps import PrefillStep, graph_name, io_names, make_step
+from ..steps import PrefillStep, graph_name, io_names, make_step, tokens_per_pass
 
 OPSET = 18
 WEIGHTS_FILE = "weights.safetensors"
@@ -31,7 +31,7 @@ def example_inputs(model: StaticKVDecoder, kind: str, k: int, sampling: bool, ch
     """Inputs to trace with (batch 2 and a key prefix L < S, so neither is specialised into the graph)."""
     cfg, B, S = model.cfg, batch, cache_len
     p = next(model.parameters())
-    T = {"prefill": chunk, "draft": 2, "draft_pass": k, "verify": k + 1, "verify_exact": 1}[kind]
+    T = tokens_per_pass(kind, k, chunk)
     past = torch.tensor([1, 2] * B)[:B]
     L = min(S, 2 + T + max(k, 1) + 1)
     ids = lambda *shape: torch.randint(0, min(cfg.vocab_size, target_vocab), shape)  # noqa: E731
@@ -119,13 +119,13 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
                                "weight; the export would duplicate it")
     path = out_dir / f"{name}.onnx"
     onnx.save(proto, str(path))
-    ops: dict[str, int] = {}
+    counts: dict[str, int] = {}
     for node in proto.graph.node:
         if node.op_type != "Constant":  # (folded into initializers when the session loads)
-            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return {"file": path.name, "inputs": [_io(t) for t in proto.graph.input],
-            "outputs": [_io(t) for t in proto.graph.output], "nodes": sum(ops.values()),
-            "op_counts": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+            "outputs": [_io(t) for t in proto.graph.output], "nodes": sum(counts.values()),
+            "op_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
 
 
 def _pack_qkv(proto) -> None:
