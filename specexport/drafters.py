@@ -4,6 +4,8 @@ A drafter proposes k tokens per row after the current token (see verify.py for t
   draft     [B, k] long   proposed tokens (padding where it has nothing to say)
   q         [B, k, V]     processed draft probabilities, or None for one-hot drafters (prompt lookup)
   draft_len [B] long      how many of the k are real proposals; padding is never accepted
+  source    [B] int       where each row's proposal came from, for acceptance kept per source (autok.py):
+                          prompt lookup's matched n-gram length (0: no match); a draft model: 0
 Kinds: a draft model of any supported family, prompt lookup (n-gram), and a quantized copy of the target
 (`quant:int4` / `quant:int8[:b<block>][:sym|:asym]`, models/quant.py), which runs as a draft model.
 """
@@ -43,6 +45,7 @@ class Proposal:
     q: torch.Tensor | None  # [B, k, V] processed draft probs; None: one-hot at `draft`
     draft_len: torch.Tensor  # [B] long: real proposals per row; the rest is padding
     longest: int  # max(draft_len), known on the host without a device sync
+    source: list[int] | None = None  # [B] per-row proposal source (None: one source, 0)
 
 
 class Drafter(Protocol):
@@ -88,27 +91,38 @@ class PromptLookupDrafter:
     def prefill(self, tokens, past_len, kv_len, row0=0):
         pass
 
-    def lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
-        """seq: [L] committed tokens -> up to k proposed tokens."""
+    def lookup(self, seq: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+        """seq: [L] committed tokens -> (up to k proposed tokens, the matched n-gram length n; 0: none).
+        One pass finds the earlier occurrences of the last token; each longer n-gram filters those."""
         L = len(seq)
-        for n in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # [L-n, n]: all but the suffix itself
-            hits = np.flatnonzero((windows == seq[L - n:]).all(-1))
-            if len(hits):
-                full = hits[hits + n + k <= L]  # prefer the latest match that has k tokens after it
-                start = (full[-1] if len(full) else hits[0]) + n
-                return seq[start:start + k]
-        return seq[:0]
+        if L < 2:
+            return seq[:0], 0
+        ends = np.flatnonzero(seq[:-1] == seq[-1])  # [m] end positions of 1-gram matches (the suffix excluded)
+        found, n = None, 0
+        for m in range(1, min(self.ngram_max, L - 1) + 1):
+            if m > 1:  # keep the ends whose match extends one token further back
+                ends = ends[ends >= m - 1]
+                ends = ends[seq[ends - (m - 1)] == seq[L - m]]
+            if not len(ends):
+                break
+            if m >= self.ngram_min:
+                found, n = ends, m
+        if found is None:
+            return seq[:0], 0
+        full = found[found + 1 + k <= L]  # prefer the latest match that has k tokens after it, else the earliest
+        start = (full[-1] if len(full) else found[0]) + 1
+        return seq[start:start + k], n
 
     def propose(self, x: DraftInputs, k: int):
         B = x.last_two.shape[0]
         draft = np.zeros((B, k), dtype=np.int64)
         draft_len = np.zeros(B, dtype=np.int64)
+        source = [0] * B
         for b in range(B):
-            found = self.lookup(x.history[b, :x.lengths[b]], k)
+            found, source[b] = self.lookup(x.history[b, :x.lengths[b]], k)
             draft[b, :len(found)] = found
             draft_len[b] = len(found)
-        return Proposal(torch.from_numpy(draft), None, torch.from_numpy(draft_len), int(draft_len.max()))
+        return Proposal(torch.from_numpy(draft), None, torch.from_numpy(draft_len), int(draft_len.max()), source)
 
 
 def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
