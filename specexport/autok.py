@@ -1,28 +1,61 @@
-"""Adaptive k (`k="auto"`): pick the built k that maximises expected committed tokens per second, online.
+"""Adaptive k (`k="auto"`): per step, the draft length with the highest expected committed tokens per second,
+with the guarantee that it does not lose to target-only decoding.
 
-Leviathan et al.: a draft token is accepted with probability a, independently, so a step that proposes k
-tokens commits on average
-    E(a, k) = (1 - a^(k+1)) / (1 - a)    tokens (accepted drafts + the one recovered/bonus token),
-and a batch of rows b commits sum_b E(a_b, k) per step, at the measured cost of that step:
-    rate(k, B) = sum_b E(a_b, k) / (c_draft(k, B) + c_verify(k, B) + c_host(B))
-k = 0 is the target-only step (E = 1, no draft), so speculation turns itself off where it does not pay
-(low acceptance, or a large batch where the verify pass is no longer almost free).
-
-Costs are measured per (k, batch size) from the step timings, as moving averages (the first call of each
-is dropped: it includes binding set-up). a is estimated per request from its own history (decayed counts
-of accepted drafts and rejections: the maximum-likelihood estimate of a geometric acceptance) and starts
-from the running estimate over all requests, to which it returns while the request is not drafting. Untried options are tried once; every `explore_every` steps
-the option measured longest ago is re-measured, so costs and acceptance follow the load.
+Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only step; K: the largest built k)
+  E(a, j)    expected tokens a step commits when it verifies j drafts, each accepted with probability a
+             (Leviathan et al.): (1 - a^(j+1)) / (1 - a); rows with a shorter proposal count its length
+  a_b,s      row b's acceptance for proposals from source s (prompt lookup: the matched n-gram length; a
+             draft model: one source): accepted / (accepted + rejections), the MLE of a geometric acceptance,
+             over counts that decay per trial (about the last 4 draft tokens) and are pulled towards the
+             running estimate over all requests with `prior_weight` pseudo-trials, a weight that shrinks as
+             the request shows its own (4 / (4 + its trials)): it starts from the other requests, then
+             follows its own
+  c(j, B)    measured seconds of the verify step over j drafts (host commit included), c(0, B) = a target-only
+             step; per batch bucket (1, 2, 4, 8, ... rows). An unmeasured width is estimated from the nearest
+             measured bucket b: c(0, B) c(j, b) / c(0, b), or c(j, b) B / b for an engine that verifies row by
+             row; else (1 + 0.05 j) c(0, B) (times B row by row): optimistic, so that a width is tried once
+             when the drafts look good
+  d(B)       measured seconds per draft-model pass (a k-token draft is k passes); t(B): per caught-up token
+Rule
+  Prompt lookup (proposals cost no pass): propose first, then verify the width j in {0} + built ks (rows
+    truncated to j) that maximises sum_b E(a_b, min(len_b, j)) / c(j, B), where j = 0 counts (1 + margin) n /
+    c(0, B) (n: occupied rows): a verify must promise `margin` (5%) more than target-only, a guard against model error (the
+    geometric acceptance model, noisy costs). No match anywhere costs exactly a
+    target-only step. At a target-only step the proposals are still checked against the token the target
+    commits ("shadow" acceptance: for a one-hot draft, P(the target's token = d) is d's acceptance
+    probability), so acceptance is learnt without spending a verify on it.
+  Draft model (each drafted token costs a pass): before drafting, k maximises
+    sum_b E(a_b, k) / (k d(B) + c(k, B) + catch-up / R) against (1 + margin) n / c(0, B) (n: occupied rows)
+    (catch-up: the passes the draft needs for tokens committed while it was off, amortised over R steps).
+    A request's first speculative step is at most the smallest built k (no evidence yet: a cheap probe).
+    While drafting pays, a new request's prompt is prefilled into the draft at admission (as at a fixed k);
+    otherwise the draft catches up on it only if drafting turns on.
+    While off, the counts stay frozen and a probe (the smallest k) runs only when both hold:
+      - the draft could pay at all: if every draft were accepted, some k would beat target-only;
+      - its expected loss fits `explore` (2%) of the time spent off since the last probe, and at least
+        `probe_every` steps have passed, doubling after each probe that does not turn drafting back on.
+    So in N steps off there are at most 1 + log2(N / probe_every) probes, costing at most 2% of that time.
+  Costs are the median of the last 5 samples within 32 steps of the newest (a passing stall moves a median
+  less than a moving average, and an old sample does not outvote a new one).
+  The first sample of each (width, bucket) is set-up heavy: it counts as the lower of itself and the
+  estimate until a second sample replaces it (so a width is probed at most twice per bucket, over the
+  decoder's life, not per request). A draft model that has drafted for `refresh` (32) steps runs one
+  target-only step, so that the reference it is compared against is not stale (lookup measures c(0) at
+  every step without a match).
+Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
+mistakes cost one verify each and teach a_b; a draft model is tried once per request, then only within the
+2% budget. DESIGN.md ("Adaptive k") gives the measurements.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
 def expected_tokens(a: float, k: int) -> float:
     """E(a, k): expected tokens a step commits when it proposes k drafts, each accepted with probability a."""
-    if k == 0:
+    if k <= 0:
         return 1.0
     a = min(max(a, 0.0), 0.999)
     return (1.0 - a ** (k + 1)) / (1.0 - a)
@@ -33,70 +66,220 @@ def acceptance_mle(accepted: float, rejected: float) -> float:
     return accepted / (accepted + rejected) if accepted + rejected > 0 else 0.0
 
 
+def bucket(B: int) -> int:
+    """Batch sizes share cost measurements per power of two (1, 2, 4, 8, 16, ...)."""
+    return 1 << max(B - 1, 0).bit_length()
+
+
 @dataclass
 class RowAcceptance:
-    """Decayed counts for one request: accepted draft tokens and rejections."""
+    """Decayed counts for one proposal source: accepted draft tokens and rejections."""
 
     accepted: float = 0.0
     rejected: float = 0.0
+    trials: int = 0  # undecayed: how much this request has shown (the prior's weight shrinks with it)
 
-    def observe(self, n_accepted: int, proposed: int, decay: float) -> None:
-        """Every step decays the counts, also one without proposals (a target-only step), so that a request
-        whose estimate once fell below the pay-off point drifts back to the running estimate and is tried
-        again, instead of never drafting (and so never measuring) again."""
-        self.accepted = decay * self.accepted + n_accepted
-        self.rejected = decay * self.rejected + (1 if n_accepted < proposed else 0)
+    def observe(self, n_accepted: int, rejected: bool, decay: float) -> None:
+        """n accepted draft tokens, then a rejection or not: each is one trial, and each trial decays the older
+        ones (a step that accepted 8 tokens weighs 8 trials, so the estimate forgets by trials, not steps)."""
+        r = 1 if rejected else 0
+        old = decay ** (n_accepted + r)
+        self.accepted = old * self.accepted + (1 - decay ** n_accepted) / (1 - decay) * decay ** r
+        self.rejected = old * self.rejected + r
+        self.trials += n_accepted + r
+
+    @property
+    def evidence(self) -> float:
+        return self.accepted + self.rejected
+
+
+@dataclass
+class RowState:
+    """One request's acceptance per proposal source, and how many speculative steps it has had."""
+
+    sources: dict = field(default_factory=dict)  # source -> RowAcceptance
+    spec_steps: int = 0
+
+    def get(self, source: int) -> RowAcceptance:
+        acc = self.sources.get(source)
+        if acc is None:
+            acc = self.sources[source] = RowAcceptance()
+        return acc
+
+
+@dataclass
+class Costs:
+    """Measured seconds per key: the median of the last `window` samples taken within `horizon` steps of the
+    newest (a passing stall moves a median less than a moving average; an old sample does not outvote a new
+    one). The first sample of a key is provisional (it includes set-up)."""
+
+    window: int = 5
+    horizon: int = 32
+    samples: dict = field(default_factory=dict)  # key -> [(step, seconds)], oldest first
+    count: dict = field(default_factory=dict)
+    when: dict = field(default_factory=dict)  # key -> the step it was last measured at
+
+    def observe(self, key, seconds: float, step: int = 0) -> None:
+        n = self.count.get(key, 0)
+        self.count[key] = n + 1
+        self.when[key] = step
+        recent = [] if n == 1 else [x for x in self.samples.get(key, []) if x[0] > step - self.horizon]
+        self.samples[key] = (recent + [(step, seconds)])[-self.window:]  # (the second sample replaces the first)
+
+    @property
+    def value(self) -> dict:
+        return {key: self.get(key) for key in self.samples}
+
+    def get(self, key, estimate: float | None = None) -> float | None:
+        """The measurement; once only measured once, the lower of it and `estimate`."""
+        xs = sorted(v for _, v in self.samples.get(key, []))
+        if not xs:
+            return estimate
+        if self.count[key] == 1 and estimate is not None:
+            return min(xs[0], estimate)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
 @dataclass
 class AutoK:
     ks: tuple[int, ...]  # built k values (k = 0, target-only, is always an option)
-    alpha: float = 0.3  # moving-average weight of a new cost sample
-    decay: float = 0.9  # per-step decay of a request's acceptance counts (about the last 10 steps)
-    explore_every: int = 32
-    prior_weight: float = 4.0  # pseudo-counts the running estimate is worth to a new request
-    costs: dict = field(default_factory=dict)  # (k, B) -> seconds per step (draft + verify + host)
-    seen: dict = field(default_factory=dict)  # (k, B) -> samples taken
-    last_measured: dict = field(default_factory=dict)  # (k, B) -> step count when last measured
-    global_acc: RowAcceptance = field(default_factory=RowAcceptance)
+    free_drafts: bool = True  # prompt lookup (proposals cost no pass) or a draft model
+    row_by_row: bool = False  # the engine verifies a batch one row at a time (cost grows with B)
+    decay: float = 0.75  # per trial (a draft token accepted or rejected): about the last 4 trials
+    prior_weight: float = 2.0  # pseudo-counts the running estimate is worth to a new request
+    explore: float = 0.02  # share of the time spent off that probes may cost
+    probe_every: int = 16  # fewest steps between probes of a draft model (doubles after each failed one)
+    amortize: int = 8  # R: steps a catch-up is amortised over
+    refresh: int = 32  # a draft model drafting this long without a target-only step runs one (c(0) stays current)
+    margin: float = 0.05  # speculate only where the expected rate beats target-only's by this much (model error)
+    costs: Costs = field(default_factory=Costs)
+    global_acc: dict = field(default_factory=dict)  # source -> RowAcceptance over all requests (decay 0.99)
+    # draft-model probe state (per decoder: one batch drafts together)
+    off_steps: int = 0
+    off_seconds: float = 0.0
+    interval: int = 0
+    drafting: bool = False  # the last plan drafted (a draft model): new requests' prompts prefill it too
     steps: int = 0
+
+    # ---- estimates ---------------------------------------------------------------------------------------
+
+    def prior(self, source: int) -> float:
+        """The running estimate over all requests (one pseudo-trial at 0.5 keeps it from 0 or 1 early)."""
+        g = self.global_acc.get(source) or RowAcceptance()
+        return (g.accepted + 0.5) / (g.evidence + 1)
+
+    def acceptance(self, row: RowState, source: int = 0) -> float:
+        acc = row.get(source)
+        w = self.prior_weight * 4 / (4 + acc.trials)  # the request's own evidence takes over as it grows
+        return (acc.accepted + w * self.prior(source)) / (acc.evidence + w)
+
+    def verify_cost(self, j: int, B: int) -> float | None:
+        """c(j, B): measured, else estimated from the nearest measured bucket (None: c(0) unmeasured here)."""
+        Bb = bucket(B)
+        c0 = self.costs.get(("verify", 0, Bb))
+        if j == 0 or c0 is None:
+            return c0
+        estimate = c0 * (1.0 + 0.05 * j) * (Bb if self.row_by_row else 1)
+        near = sorted((abs(math.log2(b) - math.log2(Bb)), b) for (kind, jj, b) in self.costs.samples
+                      if kind == "verify" and jj == j and b != Bb and self.costs.get(("verify", 0, b)))
+        if near:
+            b = near[0][1]
+            cj = self.costs.get(("verify", j, b))
+            # row by row: the verify repeats per row; batched: it scales as the target-only step does
+            estimate = cj * Bb / b if self.row_by_row else c0 * cj / self.costs.get(("verify", 0, b))
+        return self.costs.get(("verify", j, Bb), estimate)
+
+    def draft_cost(self, k: int, B: int) -> float | None:
+        d = self.costs.get(("draft", 1, bucket(B)))
+        return None if d is None else k * d
+
+    # ---- choices -----------------------------------------------------------------------------------------
 
     def options(self) -> tuple[int, ...]:
         return (0, *sorted(self.ks))
 
-    def acceptance(self, row: RowAcceptance) -> float:
-        g = self.global_acc
-        prior = acceptance_mle(g.accepted, g.rejected) if g.accepted + g.rejected else 0.5
-        w = self.prior_weight
-        return (row.accepted + w * prior) / (row.accepted + row.rejected + w)
-
-    def choose(self, B: int, rows: list[RowAcceptance]) -> int:
+    def plan(self, B: int, rows: list[RowState], missing: int = 0) -> int:
+        """The k to draft before the step (lookup: the largest, its proposals are free; `width` then picks
+        what to verify). missing: committed tokens a draft model has not seen (its catch-up)."""
         self.steps += 1
-        for k in self.options():  # every option measured (twice: the first sample is set-up) at this batch size
-            if self.seen.get((k, B), 0) < 2:
-                return k
-        if self.steps % self.explore_every == 0:  # refresh the stalest measurement
-            return min(self.options(), key=lambda k: self.last_measured.get((k, B), -1))
-        return max(self.options(), key=lambda k: self.rate(k, B, rows))
+        if self.free_drafts:
+            return max(self.ks)
+        c0 = self.verify_cost(0, B)
+        if c0 is None:
+            return 0  # measure the target-only step at this batch size first
+        kmin = min(self.ks)
+        if self.draft_cost(1, B) is None:  # the draft's cost at this bucket is unknown: one probe measures it
+            return kmin
+        catch_up = missing * (self.costs.get(("catch_up", 1, bucket(B))) or 0.0)
+        fresh = any(r.spec_steps == 0 for r in rows)
+        best, best_rate = 0, (1 + self.margin) * len(rows) / c0
+        for k in self.ks:
+            if fresh and k > kmin:
+                continue  # a request's first speculative step is a probe at the smallest k
+            rate = sum(expected_tokens(self.acceptance(r), k) for r in rows) / (
+                self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        if best:
+            self.off_steps = self.off_seconds = 0
+            self.interval = self.probe_every
+            self.drafting = True
+            if self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
+                return 0  # the reference cost is stale: re-measure it (drafting compares against it)
+            return best
+        self.drafting = False
+        return self._maybe_probe(B, rows, kmin, c0, catch_up)
 
-    def rate(self, k: int, B: int, rows: list[RowAcceptance]) -> float:
-        """Expected committed tokens per second for option k at batch size B."""
-        cost = self.costs.get((k, B))
-        if not cost:
-            return 0.0
-        return sum(expected_tokens(self.acceptance(r), k) for r in rows) / cost
+    def _maybe_probe(self, B: int, rows: list[RowState], k: int, c0: float, catch_up: float) -> int:
+        """Off: a probe at the smallest k, only if drafting could pay at all (every draft accepted) and the
+        probe's expected loss fits the exploration budget."""
+        self.off_steps += 1
+        self.off_seconds += c0
+        self.interval = self.interval or self.probe_every
+        cost = self.draft_cost(k, B) + self.verify_cost(k, B)
+        if expected_tokens(1.0, max(self.ks)) / (self.draft_cost(max(self.ks), B) + self.verify_cost(max(self.ks), B)) \
+                <= 1 / c0 and expected_tokens(1.0, k) / cost <= 1 / c0:
+            return 0  # cannot pay even if every draft were accepted
+        loss = cost + catch_up - c0 * sum(expected_tokens(self.acceptance(r), k) for r in rows) / len(rows)
+        if self.off_steps >= self.interval and loss <= self.explore * self.off_seconds:
+            self.off_steps = self.off_seconds = 0
+            self.interval *= 2  # reset to probe_every once drafting pays again
+            return k
+        return 0
 
-    def observe_cost(self, k: int, B: int, seconds: float) -> None:
-        key = (k, B)
-        n = self.seen.get(key, 0)
-        self.seen[key] = n + 1
-        self.last_measured[key] = self.steps
-        if n <= 1:  # the first sample includes set-up; the second starts the average
-            self.costs[key] = seconds
-        else:
-            self.costs[key] = (1 - self.alpha) * self.costs[key] + self.alpha * seconds
+    def width(self, B: int, rows: list[RowState], lens: list[int], sources: list[int]) -> int:
+        """For free proposals (lens[i] tokens from source sources[i] for rows[i]): the verify width."""
+        c0 = self.verify_cost(0, B)
+        if c0 is None or not any(lens):
+            return 0
+        best, best_rate = 0, (1 + self.margin) * len(rows) / c0
+        a = [self.acceptance(r, s) for r, s in zip(rows, sources)]
+        for j in sorted(self.ks):
+            rate = sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens)) / self.verify_cost(j, B)
+            if rate > best_rate:
+                best, best_rate = j, rate
+        return best
 
-    def observe_acceptance(self, row: RowAcceptance, n_accepted: int, proposed: int) -> None:
-        row.observe(n_accepted, proposed, self.decay)
-        if proposed:
-            self.global_acc.observe(n_accepted, proposed, 0.99)
+    # ---- measurements ------------------------------------------------------------------------------------
+
+    def observe_costs(self, B: int, j: int, verify_s: float, draft_passes: int = 0, draft_s: float = 0.0,
+                      caught_up: int = 0, catch_up_s: float = 0.0) -> None:
+        Bb, t = bucket(B), self.steps
+        self.costs.observe(("verify", j, Bb), verify_s, t)
+        if draft_passes:
+            self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
+        if caught_up:
+            self.costs.observe(("catch_up", 1, Bb), catch_up_s / caught_up, t)
+
+    def observe_row(self, row: RowState, source: int, n_accepted: int, rejected: bool) -> None:
+        """One row's verified proposal (or a shadow check: n_accepted 1 or rejected)."""
+        row.get(source).observe(n_accepted, rejected, self.decay)
+        g = self.global_acc.get(source)
+        if g is None:
+            g = self.global_acc[source] = RowAcceptance()
+        g.observe(n_accepted, rejected, 0.99)
+
+    def end_step(self, k: int, rows: list[RowState]) -> None:
+        if k:
+            for r in rows:
+                r.spec_steps += 1

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .autok import AutoK, RowAcceptance
+from .autok import AutoK, RowState
 from .backends import Engine
 from .config import DecoderConfig, SamplingParams
 from .drafters import DraftInputs, Drafter, make_drafter
@@ -66,6 +66,12 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         total = self.prefill_s + self.decode_s
         return self.new_tokens / total if total else 0.0
+
+    @property
+    def decode_rate(self) -> float:
+        """Decode tokens per second: the tokens after the first (which prefill gives) over the decode time."""
+        s = self.draft_s + self.verify_s + self.host_s
+        return (self.new_tokens - 1) / s if s > 0 else 0.0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -330,7 +336,8 @@ class SpeculativeDecoder:
     def autok(self) -> AutoK:
         """The adaptive-k controller; its cost measurements persist across generate calls."""
         if self._autok is None:
-            self._autok = AutoK(self.built_ks())
+            self._autok = AutoK(self.built_ks(), free_drafts=getattr(self.drafter, "engine", None) is None,
+                                row_by_row=getattr(self.target, "row_by_row", False))
         return self._autok
 
     def _run(self, reqs: list[_Request], speculative: bool, k: int | str) -> Iterator[list[tuple[_Request, list[int]]]]:
@@ -360,7 +367,7 @@ class Batch:
         self.k_label = k
         self.reqs: list[_Request | None] = [None] * W
         self.gens: list[torch.Generator | None] = [None] * W
-        self.acc = [RowAcceptance() for _ in range(W)]  # per row: decayed acceptance counts (auto k)
+        self.acc = [RowState() for _ in range(W)]  # per row: acceptance per proposal source (auto k)
         self.history = np.zeros((W, cfg.max_seq_len), dtype=np.int64)  # [W, max_seq_len] committed tokens
         self.lengths = [0] * W  # valid history per row (the current token included)
         # [W]: the current token's position; a free row sits at 1, so its padding passes (the draft re-reads
@@ -406,7 +413,7 @@ class Batch:
         for b, r in zip(rows, reqs):
             n = len(r.ids)
             self.reqs[b], self.gens[b] = r, torch.Generator().manual_seed(r.sampling.seed)
-            self.acc[b] = RowAcceptance()
+            self.acc[b] = RowState()
             self.history[b, :n] = r.ids
             self.lengths[b] = n
             sp = r.sampling
@@ -428,6 +435,8 @@ class Batch:
         dec, C, row0, B = self.dec, self.C, run[0], len(run)
         t0 = time.perf_counter()
         lengths = [self.lengths[b] for b in run]
+        # the draft model sees the prompt now, unless auto has it off (then it catches up if it turns on)
+        draft_too = self.speculative and (self.auto is None or self.auto.drafting)
         last_logits = torch.empty(B, dec.target.vocab_size)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
             chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)
@@ -437,7 +446,7 @@ class Batch:
             logits = dec.target.prefill(chunk, past, last, kv_len, row0)  # [B, V]
             ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
-            if self.speculative and self.auto is None:  # (auto: lazily, at the first speculative step)
+            if draft_too:
                 dec.drafter.prefill(chunk, past, kv_len, row0)
         # the first token, from the prefill logits, with each row's own sampling
         sampling = self._sampling(run, row0 + B)
@@ -454,7 +463,7 @@ class Batch:
             r = self.reqs[b]
             r.stats.prefill_s = prefill_s
             self.past_len[b] = self.lengths[b]
-            self.draft_valid[b] = self.lengths[b] if self.auto is None else 0
+            self.draft_valid[b] = self.lengths[b] if draft_too else 0
             self.prev[b] = r.ids[-1]
             self.current[b] = tok
             self.history[b, self.lengths[b]] = tok
@@ -475,11 +484,12 @@ class Batch:
             chunk = chunk[:, :max(1, max(self.lengths[b] - s for b, s in zip(run, starts)))]
         return torch.from_numpy(chunk)
 
-    def _catch_up_draft(self, rows: list[int], B: int) -> None:
+    def _catch_up_draft(self, rows: list[int], B: int) -> int:
         """After target-only steps a draft model has not seen the latest committed tokens: prefill them (rows
-        0..B-1; rows already up to date rewrite their last two committed tokens, identical KV)."""
+        0..B-1; rows already up to date rewrite their last two committed tokens, identical KV). -> tokens caught up."""
         dec, C = self.dec, self.C
         need = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2]
+        missing = sum(self.lengths[b] - 2 - self.draft_valid[b] for b in need)
         while need:
             starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
                       for b in range(B)]
@@ -489,13 +499,16 @@ class Batch:
             for b in need:
                 self.draft_valid[b] = min(starts[b] + chunk.shape[1], self.lengths[b] - 2)
             need = [b for b in need if self.draft_valid[b] < self.lengths[b] - 2]
+        return missing
 
-    def _choose_k(self, rows: list[int], B: int) -> int:
+    def _plan_k(self, rows: list[int], B: int) -> int:
+        """The k to draft this step (0: a target-only step)."""
         if not self.speculative:
             return 0
         if self.auto is None:
             return self.k
-        return self.auto.choose(B, [self.acc[b] for b in rows])
+        missing = 0 if self.auto.free_drafts else sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
+        return self.auto.plan(B, [self.acc[b] for b in rows], missing)
 
     def _verify_k(self, longest: int, k: int) -> int:
         """The verify width for drafts of at most `longest` tokens: fixed-shape engines take the smallest
@@ -514,11 +527,12 @@ class Batch:
         if not rows:
             return []
         B = rows[-1] + 1
-        k = self._choose_k(rows, B)  # 0: a target-only step
-        catch_up_s = 0.0
-        if k and getattr(dec.drafter, "engine", None) is not None:  # a draft model: KV up to date first
+        k = self._plan_k(rows, B)  # 0: a target-only step
+        model_draft = getattr(dec.drafter, "engine", None) is not None
+        catch_up_s, caught_up = 0.0, 0
+        if k and model_draft:  # a draft model: KV up to date first
             t = time.perf_counter()
-            self._catch_up_draft(rows, B)
+            caught_up = self._catch_up_draft(rows, B)
             catch_up_s = time.perf_counter() - t
         t0 = time.perf_counter()
         sampling = self._sampling(rows, B)
@@ -526,12 +540,19 @@ class Batch:
         past_max = max(self.lengths[b] - 1 for b in rows)  # == max(past_len), known on the host without a sync
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
-        longest = 0
+        longest, shadow, source = 0, None, [0] * B
         if k:
             x = DraftInputs(torch.stack([self.prev[:B], current], 1), past_len, past_max + k + 1, self.history[:B],
                             self.lengths[:B], sampling, u[:, :k])
             prop = dec.drafter.propose(x, k)
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
+            source = prop.source or [0] * B
+            if self.auto is not None and self.auto.free_drafts and longest:  # free proposals: choose what to verify
+                lens = draft_len.tolist()
+                j = self.auto.width(B, [self.acc[b] for b in rows], [lens[b] for b in rows], [source[b] for b in rows])
+                if j < longest:
+                    shadow = (draft[:, 0].tolist(), lens) if j == 0 else None  # checked against the next token
+                    draft_len, longest = draft_len.clamp(max=j), j
         kd = self._verify_k(longest, k)
         if 0 < kd < k:
             draft, q = draft[:, :kd], (q[:, :kd] if q is not None else None)
@@ -541,7 +562,7 @@ class Batch:
             u_verify = torch.cat([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
             n_acc, nxt, committed = dec.target.verify(torch.cat([current[:, None], draft], 1), draft_len, past_len,
                                                       past_max + kd + 1, kd, sampling, u_verify, q)
-        else:  # target-only step (or no row had a proposal)
+        else:  # target-only step (or no row had a proposal worth verifying)
             n_acc, nxt, committed = dec.target.verify(current[:, None], torch.zeros(B, dtype=torch.long), past_len,
                                                       past_max + 1, 0, sampling, u[:, -1:], None)
             draft = None
@@ -561,9 +582,14 @@ class Batch:
             st.rejected += n < proposed
             st.accept_hist[n] += 1
             st.proposed_hist[proposed] += 1
-            st.k_steps[k] = st.k_steps.get(k, 0) + 1
+            ran = kd if self.auto is not None else k
+            st.k_steps[ran] = st.k_steps.get(ran, 0) + 1
             if self.auto is not None:
-                self.auto.observe_acceptance(self.acc[b], n, proposed)
+                if proposed:
+                    self.auto.observe_row(self.acc[b], source[b], n, n < proposed)
+                elif shadow is not None and shadow[1][b]:  # a proposal not verified: did the target pick it?
+                    hit = toks[0] == shadow[0][b]
+                    self.auto.observe_row(self.acc[b], source[b], int(hit), not hit)
             taken = r.commit(toks)
             self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
             self.lengths[b] += len(taken)
@@ -581,7 +607,8 @@ class Batch:
                 self.draft_valid[b] = self.lengths[b] - 2
         t3 = time.perf_counter()
         if self.auto is not None:
-            self.auto.observe_cost(k, B, t3 - t0)
+            self.auto.observe_costs(B, kd, t3 - t1, k if model_draft else 0, t1 - t0, caught_up, catch_up_s)
+            self.auto.end_step(k, [self.acc[b] for b in rows])
         for r, _ in events:
             r.stats.draft_s += t1 - t0 + catch_up_s
             r.stats.verify_s += t2 - t1

@@ -1,102 +1,246 @@
 """Adaptive k (autok.py) with hand-forced costs and acceptance, and k="auto" / forced k sequences in the
-runtime: the tokens stay the target's, and a draft model catches up after target-only steps."""
+runtime: the tokens stay the target's, and a draft model catches up after target-only steps.
+
+Controller bounds tested here (autok.py's docstring states them):
+  - nothing matches (prompt lookup): no verify at all; matches that are always rejected: at most 1 verify
+    per request before target-only steps, the estimate learnt from then on by shadow checks;
+  - a draft model accepted never: 1 probe at the request's start, then at most 1 + log2(N / probe_every)
+    probes in N steps, their loss within `explore` of the time;
+  - everything matches: the width with the best (j + 1) / c(j); acceptance that drops midway stops
+    speculation within 5 steps (lookup: each at a narrower width); acceptance that comes back turns
+    lookup on within 3 steps (shadow checks) and a draft model at its next probe.
+"""
+
+import math
 
 import pytest
 
 from specexport import SpeculativeDecoder
-from specexport.autok import AutoK, RowAcceptance, acceptance_mle, expected_tokens
+from specexport.autok import AutoK, Costs, RowState, acceptance_mle, bucket, expected_tokens
+
+KS = (2, 4, 8)
+COSTS = {0: 1.0, 2: 1.3, 4: 1.5, 8: 2.2}  # seconds of a verify step over j drafts, batch 1
 
 
-def test_expected_tokens():
+def test_expected_tokens_and_buckets():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
     assert expected_tokens(1.0, 4) == pytest.approx(5.0, rel=0.01)  # a is capped just below 1
     assert expected_tokens(0.9, 0) == 1.0
     assert acceptance_mle(9, 1) == 0.9 and acceptance_mle(0, 0) == 0.0
+    assert [bucket(b) for b in (1, 2, 3, 4, 5, 9, 16)] == [1, 2, 4, 4, 8, 16, 16]
 
 
-def _measured(ctl: AutoK, B: int, costs: dict[int, float]) -> None:
-    for k, c in costs.items():
-        for _ in range(2):  # the first sample is set-up, the second starts the average
-            assert ctl.choose(B, []) == k  # untried options first
-            ctl.observe_cost(k, B, c)
+def _ctl(costs=COSTS, B=1, free=True, draft_pass=None, **kw) -> AutoK:
+    ctl = AutoK(KS, free_drafts=free, **kw)
+    for j, c in costs.items():
+        for _ in range(2):  # past the provisional first sample
+            ctl.observe_costs(B, j, c)
+    if draft_pass is not None:
+        for _ in range(2):
+            ctl.observe_costs(B, 0, costs[0], draft_passes=1, draft_s=draft_pass)
+    return ctl
 
 
-def _row(a: float, n: int = 100) -> RowAcceptance:
-    return RowAcceptance(accepted=a * n, rejected=(1 - a) * n)
+def test_costs_first_sample_is_provisional_then_a_median():
+    c = Costs()
+    c.observe("x", 10.0)  # set-up heavy
+    assert c.get("x", estimate=1.1) == 1.1 and c.get("x") == 10.0
+    c.observe("x", 1.2)  # replaces it
+    assert c.get("x", estimate=0.5) == 1.2
+    for v in (1.0, 9.0, 1.1):  # a stall (9.0) does not move the median of the last 5
+        c.observe("x", v)
+    assert c.get("x") == pytest.approx(1.15)  # (1.1 + 1.2) / 2
+    for v in (2.0, 2.1, 2.2):  # a lasting change does
+        c.observe("x", v)
+    assert c.get("x") == pytest.approx(2.1)
 
 
-def test_picks_the_highest_expected_rate():
-    ctl = AutoK((2, 4, 8))
-    _measured(ctl, 1, {0: 1.0, 2: 1.4, 4: 1.8, 8: 2.6})
-    # rate(k) = E(a, k) / cost(k)
+def test_lookup_width_maximises_expected_rate():
+    ctl = _ctl()
     for a in (0.0, 0.3, 0.6, 0.8, 0.95):
-        rows = [_row(a)]
-        want = max((0, 2, 4, 8), key=lambda k: expected_tokens(ctl.acceptance(rows[0]), k) / ctl.costs[(k, 1)])
-        assert ctl.choose(1, rows) == want
-    assert ctl.choose(1, [_row(0.0)]) == 0  # speculation off when nothing is accepted
-    assert ctl.choose(1, [_row(0.95)]) == 8
+        row = RowState()
+        row.get(3).accepted, row.get(3).rejected = 50 * a, 50 * (1 - a)
+        got = ctl.width(1, [row], [8], [3])
+        ahat = ctl.acceptance(row, 3)
+        rates = {j: expected_tokens(ahat, j) / COSTS[j] for j in KS}
+        best = max(rates, key=rates.get)
+        want = best if rates[best] > (1 + ctl.margin) / COSTS[0] else 0
+        assert got == want
+    assert ctl.width(1, [RowState()], [0], [0]) == 0  # no proposal: a target-only step
+
+
+def test_nothing_matches_means_no_verify_and_rejections_stop_after_one():
+    ctl = _ctl()
+    row = RowState()
+    assert all(ctl.width(1, [row], [0], [0]) == 0 for _ in range(100))  # no proposals: never a verify
+    # proposals every step, always rejected: the first is verified (the prior says maybe), then never again
+    verifies = 0
+    for _ in range(200):
+        j = ctl.width(1, [row], [8], [1])
+        verifies += j > 0
+        ctl.observe_row(row, 1, 0, True)  # verified and rejected, or a shadow check that missed
+    assert verifies <= 1
+
+
+def test_everything_matches_settles_on_the_best_width():
+    ctl = _ctl()
+    row = RowState()
+    picks = []
+    for _ in range(20):
+        j = ctl.width(1, [row], [8], [3])
+        picks.append(j)
+        ctl.observe_row(row, 3, j, False) if j else ctl.observe_row(row, 3, 1, False)
+    best = max(KS, key=lambda j: (j + 1) / COSTS[j])
+    assert picks[-10:] == [best] * 10
+
+
+def test_lookup_follows_acceptance_that_changes_midway():
+    ctl = _ctl()
+    row = RowState()
+    seq = []
+    for step in range(90):
+        good = step < 30 or step >= 60
+        j = ctl.width(1, [row], [8], [3])
+        seq.append(j)
+        if j:
+            ctl.observe_row(row, 3, j if good else 0, not good)
+        else:  # shadow check: did the target pick the proposed token?
+            ctl.observe_row(row, 3, int(good), not good)
+    assert all(seq[30 + i] == 0 for i in range(5, 30))  # off within 5 steps of the drop,
+    assert seq[30:35] == sorted(seq[30:35], reverse=True)  # each at a narrower width
+    assert all(seq[60 + i] > 0 for i in range(3, 30))  # back on within 3 steps (shadow checks)
+
+
+def test_a_shorter_proposal_counts_its_length():
+    ctl = _ctl()
+    row = RowState()
+    row.get(3).accepted = 100
+    assert ctl.width(1, [row], [2], [3]) == 2  # 2 tokens: verify_k2, not k8
 
 
 def test_turns_speculation_off_at_a_large_batch():
     """At batch 8 the verify pass is no longer almost free: the same acceptance then prefers target-only."""
-    ctl = AutoK((4,))
-    _measured(ctl, 1, {0: 1.0, 4: 1.6})
-    _measured(ctl, 8, {0: 2.0, 4: 9.0})
-    rows = [_row(0.5) for _ in range(8)]
-    assert ctl.choose(1, rows[:1]) == 4
-    assert ctl.choose(8, rows) == 0
+    ctl = _ctl({0: 1.0, 2: 1.2, 4: 1.4, 8: 1.8})
+    for j, c in {0: 2.0, 2: 9.0, 4: 9.5, 8: 10.0}.items():
+        for _ in range(2):
+            ctl.observe_costs(8, j, c)
+    rows = [RowState() for _ in range(8)]
+    for r in rows:
+        r.get(2).accepted, r.get(2).rejected = 5, 5
+    assert ctl.width(1, rows[:1], [8], [2]) > 0
+    assert ctl.width(8, rows, [8] * 8, [2] * 8) == 0
 
 
-def test_costs_follow_a_moving_average_and_stale_options_are_remeasured():
-    ctl = AutoK((4,), explore_every=5)
-    _measured(ctl, 1, {0: 1.0, 4: 1.2})
-    ctl.observe_cost(4, 1, 2.2)
-    assert ctl.costs[(4, 1)] == pytest.approx(0.7 * 1.2 + 0.3 * 2.2)
-    picks = [ctl.choose(1, [_row(0.9)]) for _ in range(10)]
-    assert 0 in picks and 4 in picks  # mostly 4, with a periodic re-measurement of 0
+def test_row_by_row_engines_estimate_unmeasured_batches_per_row():
+    ctl = _ctl(row_by_row=True)
+    for _ in range(2):
+        ctl.observe_costs(16, 0, 3.0)  # a batched 1-token step
+    assert ctl.verify_cost(2, 16) == pytest.approx(1.3 * 16)  # 16 rows, each a batch-1 verify
+    batched = _ctl()
+    for _ in range(2):
+        batched.observe_costs(16, 0, 3.0)
+    assert batched.verify_cost(2, 16) == pytest.approx(3.0 * 1.3)  # scales as the target-only step
+    assert _ctl().verify_cost(2, 16) is None  # nothing measured at 16 yet: target-only first
+
+
+def _model_run(ctl: AutoK, steps: int, accept, draft_pass: float, rows=1):
+    """Drive a draft-model controller with hand-forced acceptance; -> the k of every step."""
+    states = [RowState() for _ in range(rows)]
+    ks = []
+    for step in range(steps):
+        k = ctl.plan(rows, states)
+        ks.append(k)
+        c = COSTS[0] if k == 0 else COSTS[k]
+        ctl.observe_costs(rows, k, c, k, k * draft_pass)
+        for r in states:
+            if k:
+                n = k if accept(step) else 0
+                ctl.observe_row(r, 0, n, n < k)
+        ctl.end_step(k, states)
+    return ks
+
+
+def test_model_draft_that_is_never_accepted_probes_within_the_bound():
+    ctl = _ctl(free=False, draft_pass=0.2)
+    N = 600
+    ks = _model_run(ctl, N, lambda s: False, 0.2)
+    probes = sum(k > 0 for k in ks)
+    assert set(ks) <= {0, min(KS)}  # probes run at the smallest k
+    assert probes <= 1 + 1 + math.log2(N / ctl.probe_every)
+    loss = sum(2 * 0.2 + COSTS[2] - COSTS[0] for k in ks if k)
+    assert loss <= ctl.explore * N * COSTS[0] + (2 * 0.2 + COSTS[2])  # the budget, plus the first probe
+
+
+def test_model_draft_that_cannot_pay_is_not_probed():
+    ctl = _ctl(free=False, draft_pass=1.5)  # a draft pass dearer than a target step: no acceptance can pay
+    ks = _model_run(ctl, 400, lambda s: True, 1.5)
+    assert sum(k > 0 for k in ks) <= 1  # the request's first probe only
+
+
+def test_model_draft_everything_matches_settles_on_the_best_k():
+    ctl = _ctl(free=False, draft_pass=0.1)
+    ks = _model_run(ctl, 100, lambda s: True, 0.1)
+    best = max(KS, key=lambda k: (k + 1) / (k * 0.1 + COSTS[k]))
+    assert ks[0] == min(KS) and set(ks[10:]) == {best, 0}
+    assert ks[10:].count(0) <= 90 // ctl.refresh + 1  # a target-only step every `refresh` steps: c(0) stays current
+
+
+def test_model_draft_does_not_trust_a_stale_reference():
+    """A stall inflates c(0) while drafting looks good: drafting turns on, and the next refresh of c(0) turns
+    it off again once the stall has passed (the draft's own costs are current: they are measured each step)."""
+    ctl = _ctl(free=False, draft_pass=0.9)  # k passes + c(k) > k + 1 for every k: never pays at c(0) = 1
+    states = [RowState()]
+    for r in states:
+        r.get(0).accepted, r.spec_steps = 100, 5
+    for _ in range(5):
+        ctl.observe_costs(1, 0, 3.0)  # a stall: target-only steps look 3x dearer
+    ks = []
+    for step in range(80):
+        k = ctl.plan(1, states)
+        ks.append(k)
+        ctl.observe_costs(1, k, COSTS[k], k, k * 0.9)  # the stall is over
+        if k:
+            ctl.observe_row(states[0], 0, k, False)
+        ctl.end_step(k, states)
+    first_off = ks.index(0)
+    assert first_off <= ctl.refresh and all(k == 0 for k in ks[first_off + 5:])
+
+
+def test_model_draft_follows_acceptance_that_changes_midway():
+    ctl = _ctl(free=False, draft_pass=0.1)
+    ks = _model_run(ctl, 300, lambda s: s < 40 or s >= 100, 0.1)
+    off = next(i for i in range(40, 100) if ks[i] == 0)
+    assert off - 40 <= 5 and sum(k > 0 for k in ks[off:100]) <= 2  # off within 5 steps, then probes only
+    back = next(i for i in range(100, 300) if ks[i] > 0)  # the next probe finds drafting pays again
+    failed = sum(k > 0 for k in ks[off:100])  # probes while acceptance was 0: each doubled the interval
+    assert back - 100 <= ctl.probe_every * 2 ** failed
+    assert ks[back + 4:].count(0) <= len(ks[back + 4:]) // ctl.refresh + 1  # on, bar the refresh steps
 
 
 def test_a_new_request_starts_from_the_running_estimate():
-    ctl = AutoK((4,))
+    ctl = AutoK(KS)
     for _ in range(50):
-        ctl.observe_acceptance(RowAcceptance(), 4, 4)  # other requests: everything accepted
-    fresh = RowAcceptance()
-    assert ctl.acceptance(fresh) > 0.9
-    row = RowAcceptance()
+        ctl.observe_row(RowState(), 0, 4, False)  # other requests: everything accepted
+    assert ctl.acceptance(RowState()) > 0.9
+    row = RowState()
     for _ in range(30):
-        ctl.observe_acceptance(row, 0, 4)  # this request: nothing accepted
-    assert ctl.acceptance(row) < 0.3  # (decayed counts: the prior still weighs a little)
-
-
-def test_a_request_that_stopped_drafting_is_tried_again():
-    ctl = AutoK((4,))
-    _measured(ctl, 1, {0: 1.0, 4: 1.5})
-    for _ in range(50):
-        ctl.observe_acceptance(RowAcceptance(), 3, 4)  # the running estimate: drafting pays
-    row = RowAcceptance()
-    for _ in range(10):
-        ctl.observe_acceptance(row, 0, 4)  # a bad patch for this request
-    assert ctl.choose(1, [row]) == 0
-    picks = []
-    for _ in range(30):  # target-only steps teach nothing about acceptance; the estimate relaxes to the prior
-        k = ctl.choose(1, [row])
-        picks.append(k)
-        ctl.observe_acceptance(row, 0, 0) if k == 0 else None
-    assert picks[-1] == 4
+        ctl.observe_row(row, 0, 0, True)  # this request: nothing accepted
+    assert ctl.acceptance(row) < 0.3
 
 
 def test_auto_greedy_equals_transformers(tiny):
     import torch
     t = tiny["llama"]
-    dec = SpeculativeDecoder.from_pretrained(t["target"], t["perturbed"], k=4, max_seq_len=96, max_batch=3)
-    prompts = [[1, 5, 9, 2], [3] * 11, list(range(20, 50))]
-    outs = dec.generate(prompts, max_new_tokens=24, k="auto")
-    for p, o in zip(prompts, outs):
-        x = torch.tensor([p])
-        want = t["hf"].generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False)
-        assert o.token_ids == want[0, len(p):].tolist()
-        assert o.stats.k == "auto" and sum(o.stats.k_steps.values()) == o.stats.steps
+    for draft in (t["perturbed"], "prompt-lookup"):
+        dec = SpeculativeDecoder.from_pretrained(t["target"], draft, k=4, max_seq_len=96, max_batch=3)
+        prompts = [[1, 5, 9, 2], [3] * 11, list(range(20, 50))]
+        outs = dec.generate(prompts, max_new_tokens=24, k="auto")
+        for p, o in zip(prompts, outs):
+            x = torch.tensor([p])
+            want = t["hf"].generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False)
+            assert o.token_ids == want[0, len(p):].tolist()
+            assert o.stats.k == "auto" and sum(o.stats.k_steps.values()) == o.stats.steps
     import numpy as np
     o = dec.generate(prompts[0], max_new_tokens=8, k=np.int64(2))[0]  # a numpy k is that k, not the largest
     assert set(o.stats.k_steps) == {2}
@@ -110,7 +254,7 @@ def test_draft_model_catches_up_after_target_only_steps(tiny):
                                              prefill_chunk=8)
     ref = dec.generate([[4, 8, 15, 16, 23, 42], [7] * 13], max_new_tokens=40, speculative=False)
     seq = iter([0, 0, 0, 4, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4] * 10)
-    dec.autok().choose = lambda B, rows: next(seq)
+    dec.autok().plan = lambda B, rows, missing=0: next(seq)
     outs = dec.generate([[4, 8, 15, 16, 23, 42], [7] * 13], max_new_tokens=40, k="auto")
     for o, r in zip(outs, ref):
         assert o.token_ids == r.token_ids
