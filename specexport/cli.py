@@ -230,6 +230,25 @@ def cmd_versus(a, prompts: str, ks: tuple[int, ...]) -> int:
     return 0
 
 
+def cmd_load(a, prompts: str) -> int:
+    from .bench.load import LoadConfig, run_load, write_load
+    try:
+        clients = tuple(int(x) for x in a.clients.split(",") if x)
+        ks = tuple(x if x == "auto" else int(x) for x in (a.load_k or "auto,4").split(",") if x)
+    except ValueError:
+        raise SpecExportError(f"--clients takes client counts (e.g. 1,4,16) and --load-k k values or auto (e.g. "
+                              f"auto,4); got {a.clients!r} and {a.load_k!r}") from None
+    if not clients or min(clients) < 1:
+        raise SpecExportError(f"--clients takes client counts >= 1, e.g. 1,4,16; got {a.clients!r}")
+    if not a.engine or len(a.engine) != 1:
+        raise SpecExportError("--clients measures one engine: pass --engine DIR (built with --max-batch >= the "
+                              "largest client count)")
+    cfg = LoadConfig(prompts=prompts, engine=a.engine[0], clients=clients, requests=a.requests,
+                     max_new_tokens=a.max_new_tokens, ks=ks, reps=a.reps, prepack=not a.no_prepack, threads=a.threads)
+    write_load(run_load(cfg, log=lambda s: print(s, file=sys.stderr)), a.out)
+    return 0
+
+
 def cmd_bench(a) -> int:
     from .bench.report import write_report
     from .bench.runner import BenchConfig, run_bench
@@ -239,6 +258,8 @@ def cmd_bench(a) -> int:
     ks = _parse_ks(a.k) if a.k else (2, 4, 8)
     if a.peers:
         return cmd_versus(a, prompts, ks)
+    if a.clients:
+        return cmd_load(a, prompts)
     engines = a.engine or [_bench_engine(d, ks, Path(a.engines_dir), True)
                            for d in (x for x in a.drafts.split(",") if x)]
     hf = () if a.hf == "none" else tuple(x for x in a.hf.split(",") if x)
@@ -246,7 +267,7 @@ def cmd_bench(a) -> int:
     if unknown:
         raise SpecExportError(f"--hf {a.hf!r}: choose from generate, prompt_lookup, assistant_int8 (or none)")
     cfg = BenchConfig(prompts=prompts, engines=engines, max_new_tokens=a.max_new_tokens, per_category=a.per_category,
-                      auto=not a.no_auto, hf=hf, prepack=not a.no_prepack, threads=a.threads)
+                      auto=not a.no_auto, hf=hf, prepack=not a.no_prepack, threads=a.threads, reps=a.reps)
     result = run_bench(cfg, log=lambda s: print(s, file=sys.stderr))
     rep = write_report(result, a.out)
     print(rep["markdown"])
@@ -338,7 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "missing peer prints one line and is skipped); builds se-fp32, se-gguf, se-int4, "
                          "se-gguf-fp32act")
     bn.add_argument("--lookup", default="4", help="--peers: the peers' lookup / n-gram draft lengths (e.g. 4,10)")
-    bn.add_argument("--reps", type=int, default=1, help="--peers: repetitions over the prompt set")
+    bn.add_argument("--reps", type=int, default=1, help="runs of every mode per prompt (pooled; --clients: per level)")
+    bn.add_argument("--clients", default=None, help="throughput under load instead: concurrent clients per level "
+                                                    "(e.g. 1,4,16) over the continuous batcher, one --engine")
+    bn.add_argument("--requests", type=int, default=32, help="--clients: requests per level and mode")
+    bn.add_argument("--load-k", default=None, help="--clients: speculative modes besides target-only (default auto,4)")
     bn.add_argument("--no-prepack", action="store_true", help="onnxruntime without weight pre-packing")
     bn.add_argument("--threads", type=int, default=None)
     bn.add_argument("--out", default="bench-results")

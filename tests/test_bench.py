@@ -32,11 +32,11 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     d, engine, prompts = bench_setup
     out = d / "out"
     assert main(["bench", "--engine", engine, "--prompts", str(prompts), "--max-new-tokens", "8",
-                 "--per-category", "1", "--out", str(out)]) == 0
+                 "--per-category", "1", "--reps", "2", "--out", str(out)]) == 0
     md = capsys.readouterr().out
     result = json.loads((out / "bench.json").read_text())
     modes = [m["name"] for m in result["modes"]]
-    assert modes == ["hf_generate", "hf_prompt_lookup", "hf_assistant_int8", "target_only",
+    assert modes == ["hf_generate", "hf_prompt_lookup", "hf_assistant_int8", "target_only", "target_only_again",
                      "prompt-lookup@k2", "prompt-lookup@k3", "prompt-lookup@auto",
                      "quant:int8:b32:asym@k2", "quant:int8:b32:asym@k3", "quant:int8:b32:asym@auto"]
     assert [r["id"] for r in result["records"]] == ["copy-3", "other-40"]  # --per-category 1
@@ -52,6 +52,34 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
         assert (out / f).stat().st_size > 0
     assert "Leviathan" in md and "| quant:int8:b32:asym@k3 |" in md
     assert summarize(result)["modes"] == modes
+    # --reps 2: every mode ran twice per prompt; the k=auto section has per-prompt ratios
+    rec = result["records"][0]["modes"]
+    assert len(rec["prompt-lookup@auto"]["decode_rates"]) == 2 and rec["target_only"]["stats"]["new_tokens"] == 16
+    auto = s["auto"]["prompt-lookup@auto"]
+    assert [r["id"] for r in auto["rows"]] == ["copy-3", "other-40"]
+    assert auto["min_over_target_only"] == min(r["auto_over_target_only"] for r in auto["rows"]) > 0
+    assert auto["geomean_over_best_fixed"] > 0 and auto["rows"][0]["best_fixed"].startswith("prompt-lookup@k")
+    assert "min auto / target-only" in md and "| copy-3 | copy |" in md
+    assert s["auto"]["target_only_again"]["min_over_target_only"] > 0  # the A/A control row
+
+
+def test_bench_under_load(bench_setup, capsys):
+    """--clients: the continuous batcher at each client count, target-only, auto and a fixed k, same tokens."""
+    d, engine, prompts = bench_setup
+    out = d / "load"
+    assert main(["bench", "--clients", "1,2", "--engine", engine, "--prompts", str(prompts), "--requests", "3",
+                 "--max-new-tokens", "6", "--load-k", "auto,2", "--out", str(out)]) == 2  # built for max_batch 1
+    assert "max_batch" in capsys.readouterr().err
+    big = build(BuildConfig(target=str(d / "t"), ks=(2, 3), max_seq_len=64, max_batch=2, prefill_chunk=16,
+                            sampling=False, out=str(d / "e2")), progress=False)["out"]
+    assert main(["bench", "--clients", "1,2", "--engine", big, "--prompts", str(prompts), "--requests", "3",
+                 "--max-new-tokens", "6", "--load-k", "auto,2", "--out", str(out)]) == 0
+    result = json.loads((out / "load.json").read_text())
+    assert [lv["clients"] for lv in result["levels"]] == [1, 2]
+    for lv in result["levels"]:
+        assert set(lv["modes"]) == {"target_only", "k=auto", "k=2"}
+        assert all(c["identical"] and c["tokens_per_s"] > 0 for c in lv["modes"].values())
+    assert "| 2 |" in capsys.readouterr().out
 
 
 def test_bench_input_errors(bench_setup, tmp_path, capsys):

@@ -9,6 +9,10 @@ Per prompt and speculative mode (terms as in autok.py):
   predicted  E_pred / cost ratio: the decode speedup the formula predicts
   measured   decode tokens/s over target-only decode tokens/s (prefill excluded on both sides, as in the formula);
              tok/s and "x target-only" columns are end to end (prefill included)
+Per prompt and drafter with an auto row (`auto_vs_fixed`, decode rates, prefill excluded):
+  auto / target-only   k="auto" over target-only on the same prompt: autok.py's guarantee is >= 0.97 on every one
+  auto / best fixed k  over the fastest fixed k on that prompt (an oracle choice, so noise favours it)
+  auto / oracle        over the faster of target-only and the best fixed k
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..autok import expected_tokens
+
+CONTROL = "target_only_again"  # the bench's A/A control mode: target-only run again
 
 
 def geomean(xs) -> float:
@@ -105,7 +111,60 @@ def summarize(result: dict) -> dict:
     per_prompt = [r["modes"][best[r["category"]]["mode"]]["tokens_per_s"] / r["modes"]["target_only"]["tokens_per_s"]
                   for r in recs if r["category"] in best]
     return {"categories": cats, "modes": modes, "table": table, "best": best,
-            "best_per_category_geomean_x": geomean(per_prompt) if per_prompt else 0.0}
+            "best_per_category_geomean_x": geomean(per_prompt) if per_prompt else 0.0, "auto": auto_vs_fixed(result)}
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def auto_vs_fixed(result: dict) -> dict:
+    """Per drafter with an auto mode: per prompt auto / target-only, / best fixed k, / oracle; min and geomeans.
+    With repetitions, a prompt's ratio is the median over repetitions of the ratio within one (the modes of a
+    repetition run back to back), which a passing disturbance of one run does not move."""
+    out = {}
+    for m in result["modes"]:
+        if m["k"] != "auto" and m["name"] != CONTROL:
+            continue
+        auto_name = m["name"]
+        fixed = [x["name"] for x in result["modes"] if x["drafter"] == m["drafter"] and isinstance(x["k"], int)
+                 and x["k"] > 0 and "@" in x["name"]] if m["name"] != CONTROL else []
+        rows = []
+        for r in result["records"]:
+            modes = r["modes"]
+
+            def rates(n):
+                return modes[n].get("decode_rates") or [_decode_rate(modes[n]["stats"])]
+
+            def ratio(a, b):
+                pairs = [x / y for x, y in zip(rates(a), rates(b)) if y > 0]
+                return _median(pairs) if pairs else 0.0
+
+            if ratio(auto_name, "target_only") <= 0:
+                continue
+            row = {"id": r["id"], "category": r["category"], "auto_over_target_only": ratio(auto_name, "target_only"),
+                   "k_steps": modes[auto_name]["stats"]["k_steps"]}
+            if fixed:
+                best = max(fixed, key=lambda n: _median(rates(n)))
+                pays = _median(rates(best)) > _median(rates("target_only"))
+                row.update(best_fixed=best, auto_over_best_fixed=ratio(auto_name, best),
+                           auto_over_oracle=ratio(auto_name, best if pays else "target_only"), speculation_pays=pays)
+            rows.append(row)
+        if not rows:
+            continue
+        worst = min(rows, key=lambda x: x["auto_over_target_only"])
+        cell = {"rows": rows, "min_over_target_only": worst["auto_over_target_only"], "min_prompt": worst["id"],
+                "geomean_over_target_only": geomean([x["auto_over_target_only"] for x in rows])}
+        if fixed:
+            pays = [x for x in rows if x["speculation_pays"]]
+            cell.update(geomean_over_best_fixed=geomean([x["auto_over_best_fixed"] for x in rows]),
+                        geomean_over_oracle=geomean([x["auto_over_oracle"] for x in rows]),
+                        geomean_over_best_fixed_where_it_pays=geomean([x["auto_over_best_fixed"] for x in pays]),
+                        prompts_where_it_pays=len(pays))
+        out[auto_name] = cell
+    return out
 
 
 def markdown(result: dict, summary: dict) -> str:
@@ -143,11 +202,45 @@ def markdown(result: dict, summary: dict) -> str:
                      f"{b.get('x_hf_best', 0):.2f}x |")
     lines += ["", f"Best drafter per category, geometric mean over all prompts: "
                   f"{summary['best_per_category_geomean_x']:.2f}x specexport target-only.", ""]
+    lines += _auto_lines(summary.get("auto", {}))
     same = {m: table["all"][m]["identical"] for m in summary["modes"]}
     n = len(result["records"])
     lines.append(f"Tokens identical to {result['reference']}: " +
                  ", ".join(f"{m} {v}/{n}" for m, v in same.items()))
     return "\n".join(lines) + "\n"
+
+
+def _auto_lines(auto: dict) -> list[str]:
+    if not auto:
+        return []
+    lines = ["## k=auto per prompt (decode rates, prefill excluded)", "",
+             f"{CONTROL} is the A/A control: target-only against itself, the noise floor of these ratios.", "",
+             "| auto mode | min auto / target-only (prompt) | geomean auto / target-only | geomean auto / best fixed k "
+             "| ... where speculation pays (prompts) | geomean auto / oracle |", "|---|---|---|---|---|---|"]
+    for m, c in auto.items():
+        if "geomean_over_best_fixed" in c:
+            fixed = (f"{c['geomean_over_best_fixed']:.3f} | {c['geomean_over_best_fixed_where_it_pays']:.3f} "
+                     f"({c['prompts_where_it_pays']}) | {c['geomean_over_oracle']:.3f}")
+        else:
+            fixed = "- | - | -"
+        lines.append(f"| {m} | {c['min_over_target_only']:.3f} ({c['min_prompt']}) | "
+                     f"{c['geomean_over_target_only']:.3f} | {fixed} |")
+    names = list(auto)
+    lines += ["", "| prompt | category | " + " | ".join(f"{m} / target-only | / best fixed k" for m in names) + " |",
+              "|---|---|" + "---|---|" * len(names)]
+    by_id: dict = defaultdict(dict)
+    for m in names:
+        for row in auto[m]["rows"]:
+            by_id[(row["id"], row["category"])][m] = row
+    for (pid, cat), cells in by_id.items():
+        parts = []
+        for m in names:
+            row = cells.get(m)
+            parts.append("- | -" if row is None else f"{row['auto_over_target_only']:.2f} | " + (
+                f"{row['auto_over_best_fixed']:.2f} ({row['best_fixed'].split('@')[1]})"
+                if "best_fixed" in row else "-"))
+        lines.append(f"| {pid} | {cat} | " + " | ".join(parts) + " |")
+    return lines + [""]
 
 
 def plots(result: dict, summary: dict, out: Path) -> list[str]:

@@ -6,6 +6,7 @@ Modes (names are the report's row labels):
   hf_assistant_int8          generate(assistant_model=...) with a torch dynamic-int8 copy of the target: the
                              closest transformers can run on CPU to specexport's quant:int8 drafter
   target_only                specexport, one target pass per token
+  target_only_again          the same again (with k=auto rows): the A/A control, the noise floor of a ratio
   <drafter>@k<k>, <drafter>@auto   specexport speculative, one drafter over the shared target engine
 All specexport modes share one loaded target engine (ONNX Runtime); each quantized drafter comes from its own
 engine folder, built once with the same k values. Greedy, chat template, batch 1.
@@ -24,6 +25,7 @@ import torch
 
 from ..config import PROMPT_LOOKUP
 from ..errors import SpecExportError
+from .report import CONTROL
 
 HF_LOOKUP_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
 
@@ -39,6 +41,7 @@ class BenchConfig:
     prepack: bool = True
     threads: int | None = None
     warmup: int = 1  # warm-up generations per mode, excluded
+    reps: int = 1  # runs of every mode per prompt (alternating); a prompt's figures pool its runs
 
 
 @dataclass
@@ -122,6 +125,8 @@ def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
         return run
 
     modes = [Mode("target_only", "none", 0, se(base, 0))]
+    if cfg.auto:  # the A/A control: the same target-only runs again, to show the noise floor of per-prompt ratios
+        modes.append(Mode(CONTROL, "none", 0, se(base, 0)))
     for name, dec in drafters.items():
         for k in ks:
             modes.append(Mode(f"{name}@k{k}", name, k, se(dec, k)))
@@ -159,6 +164,22 @@ def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
     return modes, base
 
 
+def pooled_stats(stats: list) -> dict:
+    """GenerationStats of repeated runs as one: counts, seconds and histograms summed."""
+    from ..runtime import GenerationStats
+    total = GenerationStats(k=stats[0].k, accept_hist=[0] * len(stats[0].accept_hist),
+                            proposed_hist=[0] * len(stats[0].proposed_hist))
+    for st in stats:
+        for f in ("prompt_tokens", "new_tokens", "steps", "drafted", "accepted", "rejected", "prefill_s", "draft_s",
+                  "verify_s", "host_s"):
+            setattr(total, f, getattr(total, f) + getattr(st, f))
+        total.accept_hist = [a + b for a, b in zip(total.accept_hist, st.accept_hist)]
+        total.proposed_hist = [a + b for a, b in zip(total.proposed_hist, st.proposed_hist)]
+        for k, n in st.k_steps.items():
+            total.k_steps[k] = total.k_steps.get(k, 0) + n
+    return total.as_dict()
+
+
 def run_bench(cfg: BenchConfig, log=print) -> dict:
     """All modes on every prompt, alternating (every mode on a prompt before the next prompt)."""
     from tqdm import tqdm
@@ -171,22 +192,27 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
         for _ in range(cfg.warmup):
             mode.run(warm)
     records = []
-    bar = tqdm(total=len(prompts) * len(modes), unit="run", file=sys.stderr)
+    bar = tqdm(total=len(prompts) * len(modes) * cfg.reps, unit="run", file=sys.stderr)
     for p in prompts:
         ids = base.encode(p["prompt"], chat=chat)
         rec = {"id": p["id"], "category": p["category"], "prompt_tokens": len(ids), "modes": {}}
-        outs = {}
+        outs, runs = {}, {m.name: [] for m in modes}
+        for rep in range(cfg.reps):
+            for mode in modes:
+                bar.set_description(f"{p['id']} {mode.name}")
+                t0 = time.perf_counter()
+                toks, st = mode.run(ids)
+                runs[mode.name].append((len(toks), time.perf_counter() - t0, st))
+                if outs.setdefault(mode.name, toks) != toks:
+                    outs[mode.name] = None  # (a run that differs from the mode's first: never identical)
+                bar.update()
         for mode in modes:
-            bar.set_description(f"{p['id']} {mode.name}")
-            t0 = time.perf_counter()
-            toks, st = mode.run(ids)
-            wall = time.perf_counter() - t0
-            outs[mode.name] = toks
-            r = {"tokens": len(toks), "seconds": wall, "tokens_per_s": len(toks) / wall}
-            if st is not None:
-                r["stats"] = st.as_dict()
+            n, wall = sum(r[0] for r in runs[mode.name]), sum(r[1] for r in runs[mode.name])
+            r = {"tokens": n, "seconds": wall, "tokens_per_s": n / wall}
+            if runs[mode.name][0][2] is not None:
+                r["stats"] = pooled_stats([st for _, _, st in runs[mode.name]])
+                r["decode_rates"] = [st.decode_rate for _, _, st in runs[mode.name]]  # per run, in run order
             rec["modes"][mode.name] = r
-            bar.update()
         ref = outs.get("hf_generate", outs["target_only"])
         rec["identical"] = {n: o == ref for n, o in outs.items()}
         records.append(rec)
