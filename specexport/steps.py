@@ -28,12 +28,16 @@ padded with q = 0), so the verifier never sees the draft's own vocabulary size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .models import StaticKVDecoder
 from .verify import process_logits, sample_from, verify_greedy, verify_sampling
+
+if TYPE_CHECKING:
+    from .config import BuildConfig
 
 SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "greedy")
 
@@ -229,3 +233,20 @@ def make_step(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_
     if kind in ("verify", "verify_exact"):  # verify_exact: the model is traced with ops="fused_rows2"
         return VerifyStep(model, k, sampling, **kw)
     raise ValueError(kind)
+
+
+def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tuple[str, str, int, bool]]:
+    """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
+    draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""
+    modes = (False, True) if cfg.sampling else (False,)
+    fused = (ops or cfg.ops) == "fused"
+    if role == "target":
+        kind, ks = "verify", (0, *cfg.ks)
+    elif fused:
+        kind, ks = "draft_pass", (1, 2)
+    else:
+        kind, ks = "draft", cfg.ks
+    graphs = [("prefill", "prefill", 0, False)] + [(graph_name(kind, k, s), kind, k, s) for k in ks for s in modes]
+    if role == "target" and fused:  # the exact batch-1 target-only step (steps.py, backends/ort_engine.py)
+        graphs += [(graph_name("verify_exact", 0, s), "verify_exact", 0, s) for s in modes]
+    return graphs

@@ -24,30 +24,13 @@ from ..drafters import load_draft
 from ..errors import SpecExportError
 from ..models import LoadedModel, load_model, read_config, resolve_path
 from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model
-from ..steps import graph_name
+from ..steps import graph_list
 from .manifest import MANIFEST, write_manifest
 from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, write_weights
 from .torchscript import export_torchscript
 
 TORCHSCRIPT_FILE = "steps.torchscript.pt"
 CHECK_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # token ids: every vocabulary has them
-
-
-def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tuple[str, str, int, bool]]:
-    """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
-    draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""
-    modes = (False, True) if cfg.sampling else (False,)
-    fused = (ops or cfg.ops) == "fused"
-    if role == "target":
-        kind, ks = "verify", (0, *cfg.ks)
-    elif fused:
-        kind, ks = "draft_pass", (1, 2)
-    else:
-        kind, ks = "draft", cfg.ks
-    graphs = [("prefill", "prefill", 0, False)] + [(graph_name(kind, k, s), kind, k, s) for k in ks for s in modes]
-    if role == "target" and fused:  # the exact batch-1 target-only step (steps.py, backends/ort_engine.py)
-        graphs += [(graph_name("verify_exact", 0, s), "verify_exact", 0, s) for s in modes]
-    return graphs
 
 
 class _Stages:

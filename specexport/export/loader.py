@@ -44,8 +44,7 @@ def check_graphs(m: dict) -> None:
     """Every graph the manifest's k values and modes call for is there, with the inputs and outputs (names and
     batch-free shapes) this version of the runtime binds."""
     from ..config import BuildConfig
-    from ..steps import io_names, tokens_per_pass
-    from .build import graph_list
+    from ..steps import graph_list, io_names, tokens_per_pass
     cfg = BuildConfig(ks=tuple(m["ks"]), sampling=m.get("sampling_graphs", True), max_seq_len=m["max_seq_len"],
                       max_batch=m["max_batch"], prefill_chunk=m["prefill_chunk"], dtype=m["dtype"],
                       ops=m.get("ops", "portable"))
