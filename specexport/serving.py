@@ -15,7 +15,9 @@ from typing import Callable, Sequence
 
 from .config import SamplingParams
 from .errors import SpecExportError
-from .runtime import Batch, GenerationStats, SpeculativeDecoder, _Request
+from .batch import Batch
+from .request import GenerationStats, Request
+from .runtime import SpeculativeDecoder
 
 
 @dataclass
@@ -40,7 +42,7 @@ class ContinuousBatcher:
         self.waiting: queue.Queue = queue.Queue(maxsize=max_waiting)
         self._texts: dict[int, str] = {}
         self._callbacks: dict[int, Callable[[Chunk], None]] = {}  # by id(request), admitted and not finished
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, Request] = {}
         self._cancelled: dict[int, Callable[[], bool]] = {}  # by id(request), for those that can be cancelled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specexport-batcher", daemon=True)
@@ -94,7 +96,7 @@ class ContinuousBatcher:
 
     def _admit(self) -> None:
         free = self.batch.free_rows()
-        new: list[tuple[_Request, Callable]] = []
+        new: list[tuple[Request, Callable]] = []
         block = not self.batch.rows()  # idle: wait for work instead of spinning
         while len(new) < len(free):
             try:
@@ -118,7 +120,7 @@ class ContinuousBatcher:
             self._requests[id(req)] = req
         self._dispatch(self.batch.admit(free[:len(new)], [r for r, _ in new]))
 
-    def _is_cancelled(self, req: _Request) -> bool:
+    def _is_cancelled(self, req: Request) -> bool:
         check = self._cancelled.get(id(req))
         try:
             return bool(check()) if check is not None else False
@@ -134,7 +136,7 @@ class ContinuousBatcher:
                 req.finish_reason = "cancelled"
                 self._dispatch([(req, [])])
 
-    def _dispatch(self, events: list[tuple[_Request, list[int]]]) -> None:
+    def _dispatch(self, events: list[tuple[Request, list[int]]]) -> None:
         for req, taken in events:
             key = id(req)
             text = ""

@@ -1,0 +1,307 @@
+"""The batch of cache rows the runtime steps: each row holds one request at its own position.
+
+`Batch.admit` prefills requests into free rows; `Batch.step` is the hot loop and reads top to bottom: draft,
+verify, commit, advance. Only the committed tokens cross to the host (one `.tolist()` per step).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .autok import RowState
+from .drafters import DraftInputs
+from .request import GenerationStats, Request
+from .steps import SamplingRows
+from .verify import process_logits, sample_from
+
+if TYPE_CHECKING:
+    from .runtime import SpeculativeDecoder
+
+
+class Batch:
+    """The engines' cache rows, each holding one request at its own position.
+
+    Requests join with `admit` (prefilled in their own rows) and leave when they finish, both at step
+    boundaries; `step` is the hot loop: draft, verify, commit, advance over rows 0..hi-1, where hi is one past
+    the highest occupied row (a free row in between computes padding that nothing reads). Only the committed
+    tokens cross to the host (one `.tolist()` per step). k is fixed, or "auto" (autok.py) chosen per step.
+    """
+
+    def __init__(self, dec: SpeculativeDecoder, speculative: bool, k: int | str):
+        cfg = dec.config
+        W = cfg.max_batch
+        self.dec, self.C = dec, cfg.prefill_chunk
+        self.speculative = speculative and dec.drafter is not None
+        self.auto = dec.autok() if k == "auto" and self.speculative else None
+        self.k = k if isinstance(k, int) else max(dec.built_ks())  # the largest k a step may use
+        self.k_label = k
+        self.reqs: list[Request | None] = [None] * W
+        self.gens: list[torch.Generator | None] = [None] * W
+        self.acc = [RowState() for _ in range(W)]  # per row: acceptance per proposal source (auto k)
+        self.history = np.zeros((W, cfg.max_seq_len), dtype=np.int64)  # [W, max_seq_len] committed tokens
+        self.lengths = [0] * W  # valid history per row (the current token included)
+        # [W]: the current token's position; a free row sits at 1, so its padding passes (the draft re-reads
+        # position past_len - 1) stay inside its own cache row and attend at least one finite position
+        self.past_len = torch.ones(W, dtype=torch.long)
+        # [W]: positions < draft_valid hold the draft model's KV of committed tokens (it lags after target-only
+        # steps, and catches up before its next draft)
+        self.draft_valid = [0] * W
+        self.prev = torch.zeros(W, dtype=torch.long)  # [W]: the token before the current one
+        self.current = torch.zeros(W, dtype=torch.long)  # [W]: the last committed token, not yet in any cache
+        self.temperature = torch.ones(W)  # [W] sampling parameters per row (free and greedy rows: 1)
+        self.top_k = torch.zeros(W, dtype=torch.long)
+        self.top_p = torch.ones(W)
+        self.greedy = torch.ones(W, dtype=torch.bool)
+
+    def rows(self) -> list[int]:
+        return [b for b, r in enumerate(self.reqs) if r is not None]
+
+    def free_rows(self) -> list[int]:
+        return [b for b, r in enumerate(self.reqs) if r is None]
+
+    def _sampling(self, rows: list[int], B: int) -> SamplingRows | None:
+        if all(self.reqs[b].sampling.greedy for b in rows):
+            return None
+        return SamplingRows(self.temperature[:B], self.top_k[:B], self.top_p[:B], self.greedy[:B])
+
+    def _uniforms(self, rows: list[int], B: int, n: int, sampling) -> torch.Tensor:  # [B, n], per-row streams
+        u = torch.zeros(B, n)
+        if sampling is not None:  # greedy reads no randomness
+            for b in rows:
+                u[b] = torch.rand(n, generator=self.gens[b])
+        return u
+
+    def _release(self, b: int) -> None:
+        self.reqs[b] = self.gens[b] = None
+        self.lengths[b] = 0
+        self.past_len[b] = 1
+        self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = 1.0, 0, 1.0, True
+
+    def admit(self, rows: list[int], reqs: list[Request]) -> list[tuple[Request, list[int]]]:
+        """Prefill each request in its row (contiguous rows together) and commit its first token."""
+        assert len(rows) == len(reqs) and all(self.reqs[b] is None for b in rows)
+        for b, r in zip(rows, reqs):
+            n = len(r.ids)
+            self.reqs[b], self.gens[b] = r, torch.Generator().manual_seed(r.sampling.seed)
+            self.acc[b] = RowState()
+            self.history[b, :n] = r.ids
+            self.lengths[b] = n
+            sp = r.sampling
+            if sp.greedy:  # neutral filters: a greedy row never makes the others run the top-k/top-p sort
+                self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = 1.0, 0, 1.0, True
+            else:
+                self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = \
+                    sp.temperature, sp.top_k, sp.top_p, False
+            r.stats = GenerationStats(k=self.k_label if self.speculative else 0, prompt_tokens=n,
+                                      accept_hist=[0] * (self.k + 1), proposed_hist=[0] * (self.k + 1))
+        events = []
+        for run in _contiguous(sorted(rows)):
+            events += self._prefill(run)
+        return events
+
+    def _prefill(self, run: list[int]) -> list[tuple[Request, list[int]]]:
+        # Prompts in chunks of C (padded to C for fixed-shape engines: padding writes only beyond a row's end,
+        # where nothing reads it), both models, rows run[0].. of the caches.
+        dec, C, row0, B = self.dec, self.C, run[0], len(run)
+        t0 = time.perf_counter()
+        lengths = [self.lengths[b] for b in run]
+        # the draft model sees the prompt now, unless auto has it off (then it catches up if it turns on)
+        draft_too = self.speculative and (self.auto is None or self.auto.drafting)
+        last_logits = torch.empty(B, dec.target.vocab_size)  # [B, V] at each prompt's last token
+        for start in range(0, max(lengths), C):
+            chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)
+            past = torch.full((B,), start, dtype=torch.long)
+            last = torch.tensor([min(max(n - 1 - start, 0), chunk.shape[1] - 1) for n in lengths])
+            kv_len = min(start + chunk.shape[1], dec.config.cache_len)
+            logits = dec.target.prefill(chunk, past, last, kv_len, row0)  # [B, V]
+            ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
+            last_logits[ends_here] = logits[ends_here]
+            if draft_too:
+                dec.drafter.prefill(chunk, past, kv_len, row0)
+        # the first token, from the prefill logits, with each row's own sampling
+        sampling = self._sampling(run, row0 + B)
+        u = self._uniforms(run, row0 + B, 1, sampling)[row0:, 0]  # [B]
+        first = last_logits.argmax(-1)
+        if sampling is not None:
+            sel = slice(row0, row0 + B)
+            probs = process_logits(last_logits[:, None], self.temperature[sel], self.top_k[sel], self.top_p[sel])[:, 0]
+            first = torch.where(self.greedy[sel], first, sample_from(probs, u))
+        first = first.tolist()
+        prefill_s = time.perf_counter() - t0
+        events = []
+        for b, tok in zip(run, first):
+            r = self.reqs[b]
+            r.stats.prefill_s = prefill_s
+            self.past_len[b] = self.lengths[b]
+            self.draft_valid[b] = self.lengths[b] if draft_too else 0
+            self.prev[b] = r.ids[-1]
+            self.current[b] = tok
+            self.history[b, self.lengths[b]] = tok
+            self.lengths[b] += 1
+            events.append((r, r.commit([tok])))
+            if r.finish_reason is not None:
+                self._release(b)
+        return events
+
+    def _chunk(self, run: list[int], starts: list[int]) -> torch.Tensor:
+        """[B, C] history tokens of rows `run` from each row's start (zero padded; eager: cut to what is needed)."""
+        C = self.C
+        chunk = np.zeros((len(run), C), dtype=np.int64)
+        for i, (b, s) in enumerate(zip(run, starts)):
+            part = self.history[b, s:min(s + C, self.history.shape[1])]
+            chunk[i, :len(part)] = part
+        if not self.dec.target.fixed_shapes:
+            chunk = chunk[:, :max(1, max(self.lengths[b] - s for b, s in zip(run, starts)))]
+        return torch.from_numpy(chunk)
+
+    def _catch_up_draft(self, rows: list[int], B: int) -> int:
+        """After target-only steps a draft model has not seen the latest committed tokens: prefill them (rows
+        0..B-1; rows already up to date rewrite their last two committed tokens, identical KV). -> tokens caught up."""
+        dec, C = self.dec, self.C
+        need = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2]
+        missing = sum(self.lengths[b] - 2 - self.draft_valid[b] for b in need)
+        while need:
+            starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
+                      for b in range(B)]
+            chunk = self._chunk(list(range(B)), starts)
+            past = torch.tensor(starts)
+            dec.drafter.prefill(chunk, past, min(max(starts) + chunk.shape[1], dec.config.cache_len), 0)
+            for b in need:
+                self.draft_valid[b] = min(starts[b] + chunk.shape[1], self.lengths[b] - 2)
+            need = [b for b in need if self.draft_valid[b] < self.lengths[b] - 2]
+        return missing
+
+    def _plan_k(self, rows: list[int], B: int) -> int:
+        """The k to draft this step (0: a target-only step)."""
+        if not self.speculative:
+            return 0
+        if self.auto is None:
+            return self.k
+        missing = 0 if self.auto.free_drafts else sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
+        return self.auto.plan(B, [self.acc[b] for b in rows], missing)
+
+    def _verify_k(self, longest: int, k: int) -> int:
+        """The verify width for drafts of at most `longest` tokens: fixed-shape engines take the smallest
+        built k that holds them (a prompt-lookup step with 2 proposals runs verify_k2, not verify_k8)."""
+        if longest == 0:
+            return 0
+        if not self.dec.target.fixed_shapes:
+            return longest
+        return min(kk for kk in self.dec.built_ks() if kk >= longest)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Request, list[int]]]:
+        """One speculative (or target-only) step for every occupied row; returns [(request, taken tokens)]."""
+        dec = self.dec
+        rows = self.rows()
+        if not rows:
+            return []
+        B = rows[-1] + 1
+        k = self._plan_k(rows, B)  # 0: a target-only step
+        model_draft = getattr(dec.drafter, "engine", None) is not None
+        catch_up_s, caught_up = 0.0, 0
+        if k and model_draft:  # a draft model: KV up to date first
+            t = time.perf_counter()
+            caught_up = self._catch_up_draft(rows, B)
+            catch_up_s = time.perf_counter() - t
+        t0 = time.perf_counter()
+        sampling = self._sampling(rows, B)
+        past_len, current = self.past_len[:B], self.current[:B]
+        past_max = max(self.lengths[b] - 1 for b in rows)  # == max(past_len), known on the host without a sync
+        # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
+        u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
+        longest, shadow, source = 0, None, [0] * B
+        if k:
+            x = DraftInputs(torch.stack([self.prev[:B], current], 1), past_len, past_max + k + 1, self.history[:B],
+                            self.lengths[:B], sampling, u[:, :k])
+            prop = dec.drafter.propose(x, k)
+            draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
+            source = prop.source or [0] * B
+            if self.auto is not None and self.auto.free_drafts and longest:  # free proposals: choose what to verify
+                lens = draft_len.tolist()
+                capped = [min(lens[b], self.auto.cap(self.acc[b], source[b])) for b in range(B)]
+                j = self.auto.width(B, [self.acc[b] for b in rows], [capped[b] for b in rows],
+                                    [source[b] for b in rows])
+                if j == 0:  # nothing verified: each proposal is checked against the target's next token
+                    shadow, longest = (draft[:, 0].tolist(), lens), 0
+                else:
+                    capped = [min(n, j) for n in capped]
+                    draft_len, longest = torch.tensor(capped), max(capped)
+        kd = self._verify_k(longest, k)
+        if 0 < kd < k:
+            draft, q = draft[:, :kd], (q[:, :kd] if q is not None else None)
+        t1 = time.perf_counter()
+        # 2. Verify: one target pass over [current, d1..dkd] -> n_accepted [B], next [B], committed [B, kd+1].
+        if kd > 0:
+            u_verify = torch.cat([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
+            n_acc, nxt, committed = dec.target.verify(torch.cat([current[:, None], draft], 1), draft_len, past_len,
+                                                      past_max + kd + 1, kd, sampling, u_verify, q)
+        else:  # target-only step (or no row had a proposal worth verifying)
+            n_acc, nxt, committed = dec.target.verify(current[:, None], torch.zeros(B, dtype=torch.long), past_len,
+                                                      past_max + 1, 0, sampling, u[:, -1:], None)
+            draft = None
+        t2 = time.perf_counter()
+        # 3. Commit: the one host sync per step.
+        drafted = draft_len if draft is not None else torch.zeros(B, dtype=torch.long)
+        host = torch.cat([drafted[:, None], committed], 1).tolist()  # [B, 1 + kd+1]: drafted | committed
+        events = []
+        for b in rows:
+            r = self.reqs[b]
+            toks = [t for t in host[b][1:] if t >= 0]
+            n, proposed = len(toks) - 1, host[b][0]
+            st = r.stats
+            st.steps += 1
+            st.drafted += proposed
+            st.accepted += n
+            st.rejected += n < proposed
+            st.accept_hist[n] += 1
+            st.proposed_hist[proposed] += 1
+            ran = kd if self.auto is not None else k
+            st.k_steps[ran] = st.k_steps.get(ran, 0) + 1
+            if self.auto is not None:
+                if proposed:
+                    self.auto.observe_row(self.acc[b], source[b], n, n < proposed)
+                elif shadow is not None and shadow[1][b]:  # a proposal not verified: did the target pick it?
+                    hit = toks[0] == shadow[0][b]
+                    self.auto.observe_row(self.acc[b], source[b], int(hit), not hit)
+            taken = r.commit(toks)
+            self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
+            self.lengths[b] += len(taken)
+            events.append((r, taken))
+        # 4. Advance: past_len moves past the committed tokens (rollback is not moving it further).
+        if draft is not None:
+            last_acc = draft.gather(1, (n_acc - 1).clamp_min(0)[:, None])[:, 0]
+            self.prev[:B] = torch.where(n_acc > 0, last_acc, current)
+        else:
+            self.prev[:B] = current
+        self.past_len[:B] = past_len + n_acc + 1
+        self.current[:B] = nxt
+        if k:  # the draft model saw every committed position but the last two
+            for b in rows:
+                self.draft_valid[b] = self.lengths[b] - 2
+        t3 = time.perf_counter()
+        if self.auto is not None:
+            self.auto.observe_costs(B, kd, t3 - t1, k if model_draft else 0, t1 - t0, caught_up, catch_up_s)
+            self.auto.end_step(k, [self.acc[b] for b in rows])
+        for r, _ in events:
+            r.stats.draft_s += t1 - t0 + catch_up_s
+            r.stats.verify_s += t2 - t1
+            r.stats.host_s += t3 - t2
+        for b in rows:
+            if self.reqs[b].finish_reason is not None:
+                self._release(b)
+        return events
+
+
+def _contiguous(rows: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for b in rows:
+        if runs and runs[-1][-1] == b - 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
