@@ -6,10 +6,11 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              (Leviathan et al.): (1 - a^(j+1)) / (1 - a); rows with a shorter proposal count its length
   a_b,s      row b's acceptance for proposals from source s (prompt lookup: the matched n-gram length; a
              draft model: one source): accepted / (accepted + rejections), the MLE of a geometric acceptance,
-             over counts that decay per trial (about the last 4 draft tokens) and are pulled towards the
-             running estimate over all requests with `prior_weight` pseudo-trials, a weight that shrinks as
-             the request shows its own (4 / (4 + its trials)): it starts from the other requests, then
-             follows its own
+             over counts that decay per trial (about the last 10 draft tokens) and are pulled towards the
+             running estimate over all requests with `prior_weight` (1) pseudo-trial, a weight that shrinks
+             as the request shows its own (4 / (4 + its trials)): it starts from the other requests, then
+             follows its own. Decisions use its lower confidence bound (less one standard error over
+             the effective trials): a short memory is noisy, and acting on its highs is a systematic loss
   c(j, B)    measured seconds of the verify step over j drafts (host commit included), c(0, B) = a target-only
              step; per batch bucket (1, 2, 4, 8, ... rows). An unmeasured width is estimated from the nearest
              measured bucket b: c(0, B) c(j, b) / c(0, b), or c(j, b) B / b for an engine that verifies row by
@@ -18,7 +19,7 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
   d(B)       measured seconds per draft-model pass (a k-token draft is k passes); t(B): per caught-up token
 Rule
   Prompt lookup (proposals cost no pass): propose first, then verify the width j in {0} + built ks (rows
-    truncated to j) that maximises sum_b E(a_b, min(len_b, j)) / c(j, B), where j = 0 counts (1 + margin) n /
+    truncated to j; a row verifies at most the smallest k from a source it has no evidence for yet) that maximises sum_b E(a_b, min(len_b, j)) / c(j, B), where j = 0 counts (1 + margin) n /
     c(0, B) (n: occupied rows): a verify must promise `margin` (5%) more than target-only, a guard against model error (the
     geometric acceptance model, noisy costs). No match anywhere costs exactly a
     target-only step. At a target-only step the proposals are still checked against the token the target
@@ -30,13 +31,16 @@ Rule
     A request's first speculative step is at most the smallest built k (no evidence yet: a cheap probe).
     While drafting pays, a new request's prompt is prefilled into the draft at admission (as at a fixed k);
     otherwise the draft catches up on it only if drafting turns on.
-    While off, the counts stay frozen and a probe (the smallest k) runs only when both hold:
-      - the draft could pay at all: if every draft were accepted, some k would beat target-only;
+    While off, the counts stay frozen and a probe (the smallest k) runs only if the draft could pay at all
+    (if every draft were accepted, some k would beat target-only), and then either
+      - the point estimate says it pays (an expected gain; only the confidence bound is not convinced yet), or
       - its expected loss fits `explore` (2%) of the time spent off since the last probe, and at least
-        `probe_every` steps have passed, doubling after each probe that does not turn drafting back on.
-    So in N steps off there are at most 1 + log2(N / probe_every) probes, costing at most 2% of that time.
+        `probe_every` steps have passed, doubling after each such probe.
+    So in N steps off at acceptance too low to pay there are at most 1 + log2(N / probe_every) probes,
+    costing at most 2% of that time.
   Costs are the median of the last 5 samples within 32 steps of the newest (a passing stall moves a median
-  less than a moving average, and an old sample does not outvote a new one).
+  less than a moving average, and an old sample does not outvote a new one). A target-only step right after
+  a speculative one is slower (the engine switches graphs); the excess is charged to the speculative step.
   The first sample of each (width, bucket) is set-up heavy: it counts as the lower of itself and the
   estimate until a second sample replaces it (so a width is probed at most twice per bucket, over the
   decoder's life, not per request). A draft model that has drafted for `refresh` (32) steps runs one
@@ -118,6 +122,7 @@ class Costs:
     samples: dict = field(default_factory=dict)  # key -> [(step, seconds)], oldest first
     count: dict = field(default_factory=dict)
     when: dict = field(default_factory=dict)  # key -> the step it was last measured at
+    median: dict = field(default_factory=dict)  # key -> the median of its samples (kept current)
 
     def observe(self, key, seconds: float, step: int = 0) -> None:
         n = self.count.get(key, 0)
@@ -125,19 +130,35 @@ class Costs:
         self.when[key] = step
         recent = [] if n == 1 else [x for x in self.samples.get(key, []) if x[0] > step - self.horizon]
         self.samples[key] = (recent + [(step, seconds)])[-self.window:]  # (the second sample replaces the first)
+        self._update(key)
+
+    def add_to_last(self, key, seconds: float) -> None:
+        """Charge more time to the newest sample of a key (what a step cost the step after it)."""
+        xs = self.samples.get(key)
+        if xs:
+            xs[-1] = (xs[-1][0], xs[-1][1] + seconds)
+            self._update(key)
+
+    def _update(self, key) -> None:
+        xs = sorted(v for _, v in self.samples[key])
+        n = len(xs)
+        self.median[key] = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
     @property
     def value(self) -> dict:
-        return {key: self.get(key) for key in self.samples}
+        return dict(self.median)
 
     def get(self, key, estimate: float | None = None) -> float | None:
         """The measurement; once only measured once, the lower of it and `estimate`."""
-        xs = sorted(v for _, v in self.samples.get(key, []))
-        if not xs:
+        v = self.median.get(key)
+        if v is None:
             return estimate
-        if self.count[key] == 1 and estimate is not None:
-            return min(xs[0], estimate)
-        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+        if estimate is not None and self.count[key] == 1:
+            return min(v, estimate)
+        return v
+
+    def settled(self, key) -> bool:
+        return self.count.get(key, 0) >= 2
 
 
 @dataclass
@@ -145,8 +166,9 @@ class AutoK:
     ks: tuple[int, ...]  # built k values (k = 0, target-only, is always an option)
     free_drafts: bool = True  # prompt lookup (proposals cost no pass) or a draft model
     row_by_row: bool = False  # the engine verifies a batch one row at a time (cost grows with B)
-    decay: float = 0.75  # per trial (a draft token accepted or rejected): about the last 4 trials
-    prior_weight: float = 2.0  # pseudo-counts the running estimate is worth to a new request
+    decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials
+    z: float = 1.0  # decisions use the acceptance estimate less z standard errors
+    prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request
     explore: float = 0.02  # share of the time spent off that probes may cost
     probe_every: int = 16  # fewest steps between probes of a draft model (doubles after each failed one)
     amortize: int = 8  # R: steps a catch-up is amortised over
@@ -160,6 +182,7 @@ class AutoK:
     interval: int = 0
     drafting: bool = False  # the last plan drafted (a draft model): new requests' prompts prefill it too
     steps: int = 0
+    _last: tuple = (0, 0)  # (j, bucket) of the last observed step
 
     # ---- estimates ---------------------------------------------------------------------------------------
 
@@ -169,9 +192,18 @@ class AutoK:
         return (g.accepted + 0.5) / (g.evidence + 1)
 
     def acceptance(self, row: RowState, source: int = 0) -> float:
+        """The point estimate of a_b,s."""
         acc = row.get(source)
         w = self.prior_weight * 4 / (4 + acc.trials)  # the request's own evidence takes over as it grows
         return (acc.accepted + w * self.prior(source)) / (acc.evidence + w)
+
+    def confident(self, row: RowState, source: int = 0) -> float:
+        """What decisions use: the estimate less `z` standard errors over its effective trials. A short memory
+        is noisy, and acting on its highs (a verify right after two lucky matches) is a systematic loss."""
+        a = self.acceptance(row, source)
+        acc = row.get(source)
+        n = acc.evidence + self.prior_weight * 4 / (4 + acc.trials)
+        return max(a - self.z * math.sqrt(a * (1 - a) / (n + 1)), 0.0)
 
     def verify_cost(self, j: int, B: int) -> float | None:
         """c(j, B): measured, else estimated from the nearest measured bucket (None: c(0) unmeasured here)."""
@@ -179,8 +211,10 @@ class AutoK:
         c0 = self.costs.get(("verify", 0, Bb))
         if j == 0 or c0 is None:
             return c0
+        if self.costs.settled(("verify", j, Bb)):
+            return self.costs.get(("verify", j, Bb))
         estimate = c0 * (1.0 + 0.05 * j) * (Bb if self.row_by_row else 1)
-        near = sorted((abs(math.log2(b) - math.log2(Bb)), b) for (kind, jj, b) in self.costs.samples
+        near = sorted((abs(math.log2(b) - math.log2(Bb)), b) for (kind, jj, b) in self.costs.median
                       if kind == "verify" and jj == j and b != Bb and self.costs.get(("verify", 0, b)))
         if near:
             b = near[0][1]
@@ -194,9 +228,6 @@ class AutoK:
         return None if d is None else k * d
 
     # ---- choices -----------------------------------------------------------------------------------------
-
-    def options(self) -> tuple[int, ...]:
-        return (0, *sorted(self.ks))
 
     def plan(self, B: int, rows: list[RowState], missing: int = 0) -> int:
         """The k to draft before the step (lookup: the largest, its proposals are free; `width` then picks
@@ -216,7 +247,7 @@ class AutoK:
         for k in self.ks:
             if fresh and k > kmin:
                 continue  # a request's first speculative step is a probe at the smallest k
-            rate = sum(expected_tokens(self.acceptance(r), k) for r in rows) / (
+            rate = sum(expected_tokens(self.confident(r), k) for r in rows) / (
                 self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
             if rate > best_rate:
                 best, best_rate = k, rate
@@ -236,24 +267,32 @@ class AutoK:
         self.off_steps += 1
         self.off_seconds += c0
         self.interval = self.interval or self.probe_every
-        cost = self.draft_cost(k, B) + self.verify_cost(k, B)
-        if expected_tokens(1.0, max(self.ks)) / (self.draft_cost(max(self.ks), B) + self.verify_cost(max(self.ks), B)) \
-                <= 1 / c0 and expected_tokens(1.0, k) / cost <= 1 / c0:
+        if all(expected_tokens(1.0, kk) / (self.draft_cost(kk, B) + self.verify_cost(kk, B)) <= 1 / c0
+               for kk in self.ks):
             return 0  # cannot pay even if every draft were accepted
+        cost = self.draft_cost(k, B) + self.verify_cost(k, B)
         loss = cost + catch_up - c0 * sum(expected_tokens(self.acceptance(r), k) for r in rows) / len(rows)
+        if loss <= 0:  # the point estimate says it pays, only its confidence bound does not yet: more evidence
+            return k
         if self.off_steps >= self.interval and loss <= self.explore * self.off_seconds:
             self.off_steps = self.off_seconds = 0
             self.interval *= 2  # reset to probe_every once drafting pays again
             return k
         return 0
 
+    def cap(self, row: RowState, source: int) -> int:
+        """The most a row may verify from a source it has shown nothing for yet: the smallest built k (its
+        first verify is a cheap probe; one step of evidence lifts the cap)."""
+        return min(self.ks) if row.get(source).trials == 0 else max(self.ks)
+
     def width(self, B: int, rows: list[RowState], lens: list[int], sources: list[int]) -> int:
-        """For free proposals (lens[i] tokens from source sources[i] for rows[i]): the verify width."""
+        """For free proposals (lens[i] tokens from source sources[i] for rows[i], already capped): the verify
+        width."""
         c0 = self.verify_cost(0, B)
         if c0 is None or not any(lens):
             return 0
         best, best_rate = 0, (1 + self.margin) * len(rows) / c0
-        a = [self.acceptance(r, s) for r, s in zip(rows, sources)]
+        a = [self.confident(r, s) for r, s in zip(rows, sources)]
         for j in sorted(self.ks):
             rate = sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens)) / self.verify_cost(j, B)
             if rate > best_rate:
@@ -264,8 +303,20 @@ class AutoK:
 
     def observe_costs(self, B: int, j: int, verify_s: float, draft_passes: int = 0, draft_s: float = 0.0,
                       caught_up: int = 0, catch_up_s: float = 0.0) -> None:
+        """One step's measured seconds: the verify over j drafts (0: target-only), the draft passes, the
+        catch-up. A target-only step right after a speculative one runs slower (the engine switches graphs:
+        about +10% on the 2-core CPU); that excess is charged to the speculative step that caused it, and c(0)
+        keeps the steady target-only cost."""
         Bb, t = bucket(B), self.steps
-        self.costs.observe(("verify", j, Bb), verify_s, t)
+        last, self._last = self._last, (j, Bb)
+        c0 = self.costs.get(("verify", 0, Bb))
+        if j == 0 and last[0] and last[1] == Bb and c0 is not None and self.costs.settled(("verify", 0, Bb)):
+            self.costs.add_to_last(("verify", last[0], Bb), max(verify_s - c0, 0.0))
+            if verify_s < c0:  # even after a switch it was faster: c(0) was too high (it is re-measured)
+                self.costs.observe(("verify", 0, Bb), verify_s, t)
+            self.costs.when[("verify", 0, Bb)] = t
+        else:
+            self.costs.observe(("verify", j, Bb), verify_s, t)
         if draft_passes:
             self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
         if caught_up:

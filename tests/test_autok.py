@@ -7,8 +7,8 @@ Controller bounds tested here (autok.py's docstring states them):
   - a draft model accepted never: 1 probe at the request's start, then at most 1 + log2(N / probe_every)
     probes in N steps, their loss within `explore` of the time;
   - everything matches: the width with the best (j + 1) / c(j); acceptance that drops midway stops
-    speculation within 5 steps (lookup: each at a narrower width); acceptance that comes back turns
-    lookup on within 3 steps (shadow checks) and a draft model at its next probe.
+    speculation within 8 steps for lookup (narrowing), 10 for a draft model; acceptance that comes back turns
+    lookup on within 5 steps (shadow checks) and a draft model at its next probe.
 """
 
 import math
@@ -56,13 +56,21 @@ def test_costs_first_sample_is_provisional_then_a_median():
     assert c.get("x") == pytest.approx(2.1)
 
 
+def test_the_step_after_a_verify_charges_its_switch_back_to_the_verify():
+    ctl = _ctl()
+    ctl.observe_costs(1, 2, 1.3)
+    ctl.observe_costs(1, 0, 1.2)  # the target-only step right after it: 0.2 slower than c(0)
+    assert ctl.verify_cost(0, 1) == pytest.approx(1.0)
+    assert ctl.costs.samples[("verify", 2, 1)][-1][1] == pytest.approx(1.5)
+
+
 def test_lookup_width_maximises_expected_rate():
     ctl = _ctl()
     for a in (0.0, 0.3, 0.6, 0.8, 0.95):
         row = RowState()
         row.get(3).accepted, row.get(3).rejected = 50 * a, 50 * (1 - a)
         got = ctl.width(1, [row], [8], [3])
-        ahat = ctl.acceptance(row, 3)
+        ahat = ctl.confident(row, 3)
         rates = {j: expected_tokens(ahat, j) / COSTS[j] for j in KS}
         best = max(rates, key=rates.get)
         want = best if rates[best] > (1 + ctl.margin) / COSTS[0] else 0
@@ -107,9 +115,17 @@ def test_lookup_follows_acceptance_that_changes_midway():
             ctl.observe_row(row, 3, j if good else 0, not good)
         else:  # shadow check: did the target pick the proposed token?
             ctl.observe_row(row, 3, int(good), not good)
-    assert all(seq[30 + i] == 0 for i in range(5, 30))  # off within 5 steps of the drop,
-    assert seq[30:35] == sorted(seq[30:35], reverse=True)  # each at a narrower width
-    assert all(seq[60 + i] > 0 for i in range(3, 30))  # back on within 3 steps (shadow checks)
+    assert all(seq[30 + i] == 0 for i in range(8, 30))  # off within 8 steps of the drop,
+    assert seq[30:38] == sorted(seq[30:38], reverse=True)  # each at the same or a narrower width
+    assert all(seq[60 + i] > 0 for i in range(5, 30))  # back on within 5 steps (shadow checks)
+
+
+def test_a_source_without_evidence_verifies_at_most_the_smallest_k():
+    ctl = _ctl()
+    row = RowState()
+    assert ctl.cap(row, 3) == min(KS)  # a new request's first trigram proposal: a cheap probe
+    ctl.observe_row(row, 3, 2, False)
+    assert ctl.cap(row, 3) == max(KS) and ctl.cap(row, 1) == min(KS)  # per source
 
 
 def test_a_shorter_proposal_counts_its_length():
@@ -211,7 +227,7 @@ def test_model_draft_follows_acceptance_that_changes_midway():
     ctl = _ctl(free=False, draft_pass=0.1)
     ks = _model_run(ctl, 300, lambda s: s < 40 or s >= 100, 0.1)
     off = next(i for i in range(40, 100) if ks[i] == 0)
-    assert off - 40 <= 5 and sum(k > 0 for k in ks[off:100]) <= 2  # off within 5 steps, then probes only
+    assert off - 40 <= 10 and sum(k > 0 for k in ks[off:100]) <= 2  # off within 10 steps, then probes only
     back = next(i for i in range(100, 300) if ks[i] > 0)  # the next probe finds drafting pays again
     failed = sum(k > 0 for k in ks[off:100])  # probes while acceptance was 0: each doubled the interval
     assert back - 100 <= ctl.probe_every * 2 ** failed

@@ -91,6 +91,17 @@ def test_speculative_samples_have_the_target_distribution(small, sp, drafter):
         assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6
 
 
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
+def test_auto_k_samples_have_the_target_distribution(small, drafter):
+    """k="auto": widths chosen per step (lookup: after seeing the proposals, shadow checks at target-only
+    steps; a model: probes) leave the distribution exactly the target's."""
+    dec = SpeculativeDecoder.from_pretrained(small["target"], small["draft"] if drafter == "model" else drafter,
+                                             k=2, max_seq_len=16, max_batch=100)
+    sp = CASES[0]
+    samples = sample(dec, sp, N, k="auto")
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
+
+
 def test_target_only_sampling_has_the_target_distribution(small):
     dec = SpeculativeDecoder.from_pretrained(small["target"], small["draft"], k=2, max_seq_len=16, max_batch=100)
     sp = CASES[3]
