@@ -9,8 +9,11 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              over counts that decay per trial (about the last 10 draft tokens) and are pulled towards the
              running estimate over all requests with `prior_weight` (1) pseudo-trial, a weight that shrinks
              as the request shows its own (4 / (4 + its trials)): it starts from the other requests, then
-             follows its own. Decisions use its lower confidence bound (less one standard error over
-             the effective trials): a short memory is noisy, and acting on its highs is a systematic loss
+             follows its own. Lookup's verify decisions use its lower confidence bound (less one standard
+             error over the effective trials): its evidence is mostly one-token shadow checks, a short
+             memory of them is noisy, and acting on its highs is a systematic loss. A draft model's evidence
+             is k tokens per step and its pay-off needs high acceptance: it uses the point estimate (with
+             the bound, one rejection turned a 1.5x draft off)
   c(j, B)    measured seconds of the verify step over j drafts (host commit included), c(0, B) = a target-only
              step; per batch bucket (1, 2, 4, 8, ... rows). An unmeasured width is estimated from the nearest
              measured bucket b: c(0, B) c(j, b) / c(0, b), or c(j, b) B / b for an engine that verifies row by
@@ -29,8 +32,9 @@ Rule
     sum_b E(a_b, k) / (k d(B) + c(k, B) + catch-up / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (catch-up: the passes the draft needs for tokens committed while it was off, amortised over R steps).
     A request's first speculative step is at most the smallest built k (no evidence yet: a cheap probe).
-    While drafting pays, a new request's prompt is prefilled into the draft at admission (as at a fixed k);
-    otherwise the draft catches up on it only if drafting turns on.
+    A new request's prompt is prefilled into the draft at admission (as at a fixed k) unless the measured
+    costs say no k pays at the running acceptance estimate; otherwise the draft catches up if drafting
+    turns on.
     While off, the counts stay frozen and a probe (the smallest k) runs only if the draft could pay at all
     (if every draft were accepted, some k would beat target-only), and then either
       - the point estimate says it pays (an expected gain; only the confidence bound is not convinced yet), or
@@ -180,7 +184,6 @@ class AutoK:
     off_steps: int = 0
     off_seconds: float = 0.0
     interval: int = 0
-    drafting: bool = False  # the last plan drafted (a draft model): new requests' prompts prefill it too
     steps: int = 0
     _last: tuple = (0, 0)  # (j, bucket) of the last observed step
 
@@ -247,19 +250,31 @@ class AutoK:
         for k in self.ks:
             if fresh and k > kmin:
                 continue  # a request's first speculative step is a probe at the smallest k
-            rate = sum(expected_tokens(self.confident(r), k) for r in rows) / (
+            rate = sum(expected_tokens(self.acceptance(r), k) for r in rows) / (
                 self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
             if rate > best_rate:
                 best, best_rate = k, rate
         if best:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
-            self.drafting = True
             if self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
                 return 0  # the reference cost is stale: re-measure it (drafting compares against it)
             return best
-        self.drafting = False
         return self._maybe_probe(B, rows, kmin, c0, catch_up)
+
+    def expects_drafting(self, B: int) -> bool:
+        """Should a new request's prompt be prefilled into the draft at admission (a draft model)? Yes unless
+        the measured costs say that at the running acceptance estimate no k pays. Deciding this from the last
+        step's choice instead was a trap: once off, every new prompt needed a full catch-up, whose cost then
+        kept drafting off."""
+        if self.free_drafts:
+            return False
+        c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
+        if c0 is None or d is None:
+            return True
+        a = self.prior(0)
+        return any(expected_tokens(a, k) / (self.draft_cost(k, B) + self.verify_cost(k, B)) > (1 + self.margin) / c0
+                   for k in self.ks)
 
     def _maybe_probe(self, B: int, rows: list[RowState], k: int, c0: float, catch_up: float) -> int:
         """Off: a probe at the smallest k, only if drafting could pay at all (every draft accepted) and the

@@ -110,7 +110,7 @@ class Batch:
         t0 = time.perf_counter()
         lengths = [self.lengths[b] for b in run]
         # the draft model sees the prompt now, unless auto has it off (then it catches up if it turns on)
-        draft_too = self.speculative and (self.auto is None or self.auto.drafting)
+        draft_too = self.speculative and (self.auto is None or self.auto.expects_drafting(self.rows()[-1] + 1))
         last_logits = torch.empty(B, dec.target.vocab_size)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
             chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)

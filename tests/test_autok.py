@@ -202,6 +202,20 @@ def test_model_draft_everything_matches_settles_on_the_best_k():
     assert ks[10:].count(0) <= 90 // ctl.refresh + 1  # a target-only step every `refresh` steps: c(0) stays current
 
 
+def test_new_prompts_prefill_the_draft_unless_no_k_can_pay():
+    """Off must not be sticky: a new request's prompt goes into the draft at admission whenever drafting pays
+    at the running acceptance, so that turning on never needs a whole-prompt catch-up."""
+    ctl = _ctl(free=False, draft_pass=0.1)
+    assert AutoK(KS, free_drafts=False).expects_drafting(1)  # nothing measured yet
+    for _ in range(20):
+        ctl.observe_row(RowState(), 0, 4, False)  # requests so far: drafts accepted
+    assert ctl.expects_drafting(1)
+    slow = _ctl(free=False, draft_pass=1.5)
+    for _ in range(20):
+        slow.observe_row(RowState(), 0, 4, False)
+    assert not slow.expects_drafting(1) and not _ctl().expects_drafting(1)  # (lookup has no draft to fill)
+
+
 def test_model_draft_does_not_trust_a_stale_reference():
     """A stall inflates c(0) while drafting looks good: drafting turns on, and the next refresh of c(0) turns
     it off again once the stall has passed (the draft's own costs are current: they are measured each step)."""
