@@ -52,8 +52,7 @@ class GenerationStats:
     @property
     def decode_rate(self) -> float:
         """Decode tokens per second: the tokens after the first (which prefill gives) over the decode time."""
-        s = self.draft_s + self.verify_s + self.host_s
-        return (self.new_tokens - 1) / s if s > 0 else 0.0
+        return (self.new_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
     def as_dict(self) -> dict:
         d = asdict(self)
