@@ -148,10 +148,6 @@ class Costs:
         n = len(xs)
         self.median[key] = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
-    @property
-    def value(self) -> dict:
-        return dict(self.median)
-
     def get(self, key, estimate: float | None = None) -> float | None:
         """The measurement; once only measured once, the lower of it and `estimate`."""
         v = self.median.get(key)
