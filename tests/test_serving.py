@@ -7,7 +7,7 @@ import time
 import pytest
 
 from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
-from specexport.serving import ContinuousBatcher
+from specexport.serve.batcher import ContinuousBatcher
 from test_runtime_greedy import PROMPTS
 
 
@@ -56,6 +56,17 @@ def test_joined_requests_get_their_solo_tokens(dec):
             assert toks == alone.token_ids
             assert chunks[-1].finished and chunks[-1].stats.new_tokens == n
             assert all(not c.finished for c in chunks[:-1])
+        m, stats = batcher.metrics, [chunks[-1].stats for _, chunks in got]
+        assert m.value("requests", finish_reason="length") == 10
+        assert m.value("generation_tokens") == sum(s.new_tokens for s in stats)
+        assert m.value("spec_decode_num_draft_tokens") == sum(s.drafted for s in stats)
+        assert m.value("spec_decode_num_accepted_tokens") == sum(s.accepted for s in stats)
+        per_pos = [m.value("spec_decode_num_accepted_tokens_per_pos", position=str(i)) for i in (1, 2, 3)]
+        assert sum(per_pos) == m.value("spec_decode_num_accepted_tokens") and per_pos == sorted(per_pos)[::-1]
+        assert per_pos[0] <= m.value("spec_decode_num_drafts") == sum(sum(s.proposed_hist[1:]) for s in stats)
+        assert sum(m.value("steps", k=str(k)) for k in range(4)) == sum(s.steps for s in stats)
+        gauges = {x.name: x.value for x in m.samples() if x.kind == "gauge"}
+        assert gauges == {"specexport_num_requests_running": 0.0, "specexport_num_requests_waiting": 0.0}
     finally:
         batcher.close()
 
@@ -132,6 +143,7 @@ def test_cancelled_requests_free_their_rows(dec):
             time.sleep(0.01)
         assert all(finals[i].finish_reason == "cancelled" for i in range(3))
         assert all(finals[i].stats.new_tokens < 100 for i in range(3))
+        assert batcher.metrics.value("requests", finish_reason="cancelled") == 3
         (toks, _), = collect(batcher, [(PROMPTS[1], 12, SamplingParams(), ())])  # the rows serve again
         assert toks == dec.generate(PROMPTS[1], 12)[0].token_ids
     finally:

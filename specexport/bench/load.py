@@ -35,7 +35,7 @@ class LoadConfig:
 
 def _run_level(batcher, prompts: list[str], clients: int, max_new_tokens: int, chat: bool) -> dict:
     """Closed loop: `clients` threads, each with one request in flight, until every prompt is done."""
-    from ..serving import Chunk
+    from ..serve.batcher import Chunk
     work = iter(enumerate(prompts))
     lock = threading.Lock()
     outs: dict[int, list[int]] = {}
@@ -87,7 +87,7 @@ def _run_level(batcher, prompts: list[str], clients: int, max_new_tokens: int, c
 
 def run_load(cfg: LoadConfig, log=print) -> dict:
     from ..runtime import SpeculativeDecoder
-    from ..serving import ContinuousBatcher
+    from ..serve.batcher import ContinuousBatcher
     dec = SpeculativeDecoder.load(cfg.engine, max_batch=max(cfg.clients), prepack=cfg.prepack, threads=cfg.threads,
                                   preload=True)
     chat = bool(getattr(dec.tokenizer, "chat_template", None))  # the chat template where the model has one

@@ -36,7 +36,7 @@ class TritonPythonModel:
                 sys.path.insert(0, path)
         from specexport import SamplingParams, SpeculativeDecoder
         from specexport.errors import SpecExportError
-        from specexport.serving import ContinuousBatcher
+        from specexport.serve.batcher import ContinuousBatcher
         self.SamplingParams, self.SpecExportError = SamplingParams, SpecExportError
         here = os.path.dirname(os.path.abspath(__file__))
         engine = os.path.join(here, params.get("engine", "engine"))

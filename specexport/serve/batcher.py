@@ -13,11 +13,12 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .config import SamplingParams
-from .errors import SpecExportError
-from .batch import Batch
-from .request import GenerationStats, Request
-from .runtime import SpeculativeDecoder
+from ..config import SamplingParams
+from ..errors import SpecExportError
+from ..batch import Batch
+from ..request import GenerationStats, Request
+from ..runtime import SpeculativeDecoder
+from .metrics import SpecMetrics
 
 
 @dataclass
@@ -44,6 +45,9 @@ class ContinuousBatcher:
         self._callbacks: dict[int, Callable[[Chunk], None]] = {}  # by id(request), admitted and not finished
         self._requests: dict[int, Request] = {}
         self._cancelled: dict[int, Callable[[], bool]] = {}  # by id(request), for those that can be cancelled
+        self.metrics = SpecMetrics()  # counted as requests finish (metrics.py); the gauges read at export
+        self.metrics.gauges = {"num_requests_running": lambda: len(self.batch.rows()),
+                               "num_requests_waiting": self.waiting.qsize}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specexport-batcher", daemon=True)
         self._thread.start()
@@ -79,6 +83,7 @@ class ContinuousBatcher:
                 req, cb = self.waiting.get_nowait()
             except queue.Empty:
                 break
+            self.metrics.observe(req.stats, "error")
             _call(cb, Chunk([], "", True, "error", req.stats, error="the model is shutting down"))
 
     # ---- the serving thread --------------------------------------------------------------------------
@@ -108,6 +113,7 @@ class ContinuousBatcher:
             if self._is_cancelled(req):
                 self._cancelled.pop(id(req), None)
                 req.finish_reason = "cancelled"
+                self.metrics.observe(req.stats, "cancelled")
                 _call(cb, Chunk([], "", True, "cancelled", req.stats))
             else:
                 live.append((req, cb))
@@ -149,6 +155,7 @@ class ContinuousBatcher:
                 self._texts.pop(key, None)
                 self._requests.pop(key, None)
                 self._cancelled.pop(key, None)
+                self.metrics.observe(req.stats, req.finish_reason)
             _call(cb, Chunk(taken, text, done, req.finish_reason, req.stats if done else None))
 
     def _fail_all(self, message: str) -> None:
@@ -160,6 +167,7 @@ class ContinuousBatcher:
             self._callbacks.pop(key, None)
             self._texts.pop(key, None)
             self._cancelled.pop(key, None)
+            self.metrics.observe(req.stats if req else None, "error")
             _call(cb, Chunk([], "", True, "error", req.stats if req else None, error=message))
 
 

@@ -1,0 +1,1 @@
+"""Serving: the continuous batcher, shared metrics, and the OpenAI-compatible HTTP server."""
