@@ -167,6 +167,18 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def cmd_openai(a) -> int:
+    from .serve.openai_server import serve
+    if not 0 <= a.port < 65536:
+        raise SpecExportError(f"--port must be in [0, 65536), got {a.port}")
+    if a.max_waiting < 1:
+        raise SpecExportError(f"--max-waiting must be >= 1, got {a.max_waiting}")
+    serve(a.engine, host=a.host, port=a.port, k=a.k, max_batch=a.max_batch, api_key=a.api_key, threads=a.threads,
+          prepack=a.prepack, max_waiting=a.max_waiting, model_name=a.served_model_name,
+          speculative=not a.target_only)
+    return 0
+
+
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
 BENCH_DRAFTS = ("quant:int8:b32:sym", "quant:int4:b32:asym")
 
@@ -393,6 +405,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "interpreter finds specexport and its dependencies; '[]' inside a container)")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_triton)
+
+    o = sub.add_parser("openai", help="serve an engine folder over an OpenAI-compatible HTTP API (continuous batching)")
+    o.add_argument("engine", metavar="ENGINE_DIR")
+    o.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    o.add_argument("--port", type=int, default=8000)
+    o.add_argument("--k", type=_k_arg, default="auto", help="one of the engine's k values, or auto (default)")
+    o.add_argument("--max-batch", type=int, default=None, help="rows decoded together (<= the engine's max_batch)")
+    o.add_argument("--max-waiting", type=int, default=64,
+                   help="requests that may wait for a row; more get 429 with Retry-After")
+    o.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECEXPORT_API_KEY, else none)")
+    o.add_argument("--served-model-name", default=None, help="the model id clients pass (default: the folder's name)")
+    o.add_argument("--threads", type=int, default=None)
+    o.add_argument("--prepack", action="store_true", help="onnxruntime weight pre-packing (see generate --prepack)")
+    o.add_argument("--target-only", action="store_true", help="serve without speculation (for comparisons)")
+    o.set_defaults(func=cmd_openai)
 
     v = sub.add_parser("serve", help="run the tritonserver from nvidia-pytriton over a repository on 127.0.0.1")
     v.add_argument("repo", metavar="REPO")

