@@ -344,3 +344,35 @@ def test_a_client_that_leaves_frees_its_row(slow_model, stream):
         assert not r.srv.batcher.batch.rows()
     finally:
         r.stop()
+
+
+def test_cli_serves_an_engine_folder_and_refuses_bad_input(texty_engine, tmp_path):
+    import os
+    import subprocess
+    import sys
+    cli = [sys.executable, "-m", "specexport.cli", "openai"]
+    bad = subprocess.run(cli + [str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.startswith("specexport: error:")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "SPECEXPORT_API_KEY": "from-env"}
+    proc = subprocess.Popen(cli + [texty_engine, "--port", str(port), "--threads", "1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, up = time.time() + 120, False
+        while not up and time.time() < deadline and proc.poll() is None:
+            try:
+                up = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
+            except OSError:
+                time.sleep(0.2)
+        assert up, proc.stderr.read() if proc.poll() is not None else "no answer"
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="from-env", max_retries=0, timeout=60)
+        assert [m.id for m in c.models.list().data] == ["engine"]  # the folder's name
+        r = c.chat.completions.create(model="engine", messages=[{"role": "user", "content": "w3 w4"}], max_tokens=4,
+                                      temperature=0)
+        assert r.usage.completion_tokens == 4 and r.model_extra["specexport"]["k"] == "auto"
+    finally:
+        proc.terminate()
+        proc.wait(30)
