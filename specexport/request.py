@@ -37,6 +37,21 @@ class GenerationStats:
         return self.accepted / n if n else 0.0
 
     @property
+    def accepted_per_pos(self) -> list[int]:
+        """[k]: steps whose i-th draft token (i = 1..k) was accepted (vLLM's num_accepted_tokens_per_pos)."""
+        return [sum(self.accept_hist[i:]) for i in range(1, len(self.accept_hist))]
+
+    @property
+    def drafted_per_pos(self) -> list[int]:
+        """[k]: steps that proposed an i-th draft token (fewer at later positions for ragged drafts)."""
+        return [sum(self.proposed_hist[i:]) for i in range(1, len(self.proposed_hist))]
+
+    @property
+    def acceptance_per_pos(self) -> list[float]:
+        """[k]: the share of i-th draft tokens accepted (every earlier one accepted too)."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_pos, self.drafted_per_pos)]
+
+    @property
     def mean_committed_per_step(self) -> float:
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
 
@@ -57,7 +72,9 @@ class GenerationStats:
     def as_dict(self) -> dict:
         d = asdict(self)
         d.update(acceptance_rate=self.acceptance_rate, acceptance_mle=self.acceptance_mle,
-                 mean_committed_per_step=self.mean_committed_per_step, tokens_per_s=self.tokens_per_s)
+                 mean_committed_per_step=self.mean_committed_per_step, tokens_per_s=self.tokens_per_s,
+                 accepted_per_pos=self.accepted_per_pos, drafted_per_pos=self.drafted_per_pos,
+                 acceptance_per_pos=self.acceptance_per_pos)
         return d
 
 

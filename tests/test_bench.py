@@ -48,7 +48,9 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     for key in ("tokens_per_s", "acceptance", "acceptance_mle", "tokens_per_step", "predicted", "measured"):
         assert cell[key] > 0, key
     assert set(s["best"]) == {"copy", "other"} and s["best_per_category_geomean_x"] > 0
-    for f in ("bench.md", "speedup_vs_k.png", "accept_hist.png"):
+    per_pos = cell["acceptance_per_pos"]  # vLLM's per-position acceptance: k values, each a share
+    assert len(per_pos) == 3 and all(0 <= x <= 1 for x in per_pos) and "acceptance at draft position" in md
+    for f in ("bench.md", "speedup_vs_k.png", "accept_hist.png", "acceptance_per_pos.png"):
         assert (out / f).stat().st_size > 0
     assert "Leviathan" in md and "| quant:int8:b32:asym@k3 |" in md
     assert summarize(result)["modes"] == modes

@@ -95,7 +95,7 @@ def test_completions_equal_the_offline_runtime(client, offline):
         assert r.usage.completion_tokens == len(ref.token_ids) and r.usage.prompt_tokens == len(offline.encode(p))
         ext = r.model_extra["specexport"]
         assert ext["new_tokens"] == len(ref.token_ids) and ext["k"] == "auto"
-        assert sum(ext["accepted_per_position"][:1]) <= ext["accepted"] <= ext["drafted"]
+        assert sum(ext["accepted_per_pos"][:1]) <= ext["accepted"] <= ext["drafted"]
         streamed = client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0, stream=True)
         assert "".join(c.choices[0].text for c in streamed if c.choices) == ref.text
     ids = offline.encode(PROMPTS[1])  # a token-id prompt

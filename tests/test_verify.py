@@ -105,3 +105,12 @@ def test_top_p_one_keeps_the_whole_tail_when_the_filter_runs():
     t, k, p = torch.tensor([1.0, 0.7]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])
     torch.testing.assert_close(process_logits(logits, t, k, p, filter=True), process_logits(logits, t, k, p, filter=False))
     assert bool((process_logits(logits, t, k, p, filter=True) > 0).all())
+
+
+def test_per_position_acceptance_from_the_histograms():
+    from specexport.request import GenerationStats
+    # 4 steps at k=3: accepted 0, 1, 3, 2 of proposals 3, 3, 3, 2 (a ragged prompt-lookup draft)
+    st = GenerationStats(accept_hist=[1, 1, 1, 1], proposed_hist=[0, 0, 1, 3])
+    assert st.accepted_per_pos == [3, 2, 1] and st.drafted_per_pos == [4, 4, 3]
+    assert st.acceptance_per_pos == [0.75, 0.5, 1 / 3]
+    assert st.as_dict()["accepted_per_pos"] == [3, 2, 1]

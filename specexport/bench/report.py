@@ -62,6 +62,13 @@ def cost_ratios(st: dict, base: dict, k) -> tuple[float | None, float]:
     return draft, st["verify_s"] / steps / base_verify
 
 
+def per_position(stats: list[dict]) -> list[float]:
+    """[k]: pooled over runs, the share of i-th draft tokens accepted (vLLM's per-position acceptance)."""
+    acc = [sum(col) for col in zip(*[s.get("accepted_per_pos", []) for s in stats])]
+    drafted = [sum(col) for col in zip(*[s.get("drafted_per_pos", []) for s in stats])]
+    return [a / d if d else 0.0 for a, d in zip(acc, drafted)]
+
+
 def summarize(result: dict) -> dict:
     """Per mode and category: tok/s (geomean), x target-only, acceptance, tokens/step, predicted, measured."""
     recs = result["records"]
@@ -95,6 +102,7 @@ def summarize(result: dict) -> dict:
                     for k, n in s["k_steps"].items():
                         ksteps[str(k)] += n
                 cell["k_steps"] = dict(ksteps)
+                cell["acceptance_per_pos"] = per_position(sts)
             row[m] = cell
         table[c] = row
     spec = [m for m in modes if "@" in m]
@@ -184,8 +192,9 @@ def markdown(result: dict, summary: dict) -> str:
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines += ["", "## speculative modes (all prompts)", "",
               "| mode | acceptance | a (MLE) | tokens/step | draft pass / target step | verify / target step | "
-              "predicted | measured | measured/predicted | steps per k | identical to reference |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "predicted | measured | measured/predicted | steps per k | acceptance at draft position 1..k | "
+              "identical to reference |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in summary["modes"]:
         c = table["all"][m]
         if "predicted" in c:
@@ -193,7 +202,8 @@ def markdown(result: dict, summary: dict) -> str:
             lines.append(f"| {m} | {c['acceptance']:.2f} | {c['acceptance_mle']:.2f} | {c['tokens_per_step']:.2f} | "
                          f"{draft} | {c['verify_cost_ratio']:.2f} | "
                          f"{c['predicted']:.2f}x | {c['measured']:.2f}x | {c['measured_over_predicted']:.2f} | "
-                         f"{c['k_steps']} | {c['identical']}/{c['n']} |")
+                         f"{c['k_steps']} | {' '.join(f'{x:.2f}' for x in c.get('acceptance_per_pos', []))} | "
+                         f"{c['identical']}/{c['n']} |")
     lines += ["", "## best speculative mode per category", "",
               "| category | best mode | x target-only | best transformers assisted mode | x that mode |",
               "|---|---|---|---|---|"]
@@ -244,8 +254,8 @@ def _auto_lines(auto: dict) -> list[str]:
 
 
 def plots(result: dict, summary: dict, out: Path) -> list[str]:
-    """speedup_vs_k.png (decode speedup per drafter: measured solid, predicted dashed, auto dotted) and
-    accept_hist.png."""
+    """speedup_vs_k.png (decode speedup per drafter: measured solid, predicted dashed, auto dotted),
+    accept_hist.png and acceptance_per_pos.png."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -291,6 +301,20 @@ def plots(result: dict, summary: dict, out: Path) -> list[str]:
     fig.savefig(out / "accept_hist.png", dpi=120)
     plt.close(fig)
     files.append("accept_hist.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, c in table.items():
+        per_pos = c.get("acceptance_per_pos")
+        if per_pos:
+            ax.plot(range(1, len(per_pos) + 1), per_pos, marker="o", label=m)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("share of drafted tokens accepted there")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_per_pos.png", dpi=120)
+    plt.close(fig)
+    files.append("acceptance_per_pos.png")
     return files
 
 

@@ -55,12 +55,6 @@ GAUGES = {
 }
 
 
-def accepted_per_position(stats: GenerationStats) -> list[int]:
-    """[k]: steps whose i-th draft token (i = 1..k) was accepted, from the accept histogram."""
-    hist = stats.accept_hist
-    return [sum(hist[i:]) for i in range(1, len(hist))]
-
-
 class SpecMetrics:
     """Thread-safe counters fed by the batcher's thread; `samples()` reads them (and the gauges) for export."""
 
@@ -81,7 +75,7 @@ class SpecMetrics:
             c[("spec_decode_num_drafts", ())] += sum(stats.proposed_hist[1:])
             c[("spec_decode_num_draft_tokens", ())] += stats.drafted
             c[("spec_decode_num_accepted_tokens", ())] += stats.accepted
-            for i, n in enumerate(accepted_per_position(stats), 1):
+            for i, n in enumerate(stats.accepted_per_pos, 1):
                 c[("spec_decode_num_accepted_tokens_per_pos", (("position", str(i)),))] += n
             for k, n in stats.k_steps.items():
                 c[("steps", (("k", str(k)),))] += n

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from ..config import SamplingParams
 from ..request import GenerationStats
-from .metrics import accepted_per_position
 
 MAX_STOP = 4  # as OpenAI: up to 4 stop sequences
 ROLES = ("system", "developer", "user", "assistant")
@@ -211,7 +210,6 @@ def usage(stats: GenerationStats) -> dict:
 def extension(stats: GenerationStats) -> dict:
     """The `specexport` object: this request's speculation stats."""
     d = stats.as_dict()
-    d["accepted_per_position"] = accepted_per_position(stats)
     d["k_steps"] = {str(k): v for k, v in stats.k_steps.items()}
     return d
 
