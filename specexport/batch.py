@@ -1,7 +1,8 @@
 """The batch of cache rows the runtime steps: each row holds one request at its own position.
 
 `Batch.admit` prefills requests into free rows; `Batch.step` is the hot loop and reads top to bottom: draft,
-verify, commit, advance. Only the committed tokens cross to the host (one `.tolist()` per step).
+verify, commit, advance. Only the committed tokens cross to the host (one `.tolist()` per step). The host
+state is numpy; each request's uniforms come from its own numpy stream (sampling.row_stream).
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .autok import RowState
 from .drafters import DraftInputs
 from .request import GenerationStats, Request
-from .steps import SamplingRows
-from .verify import process_logits, sample_from
+from .sampling import SamplingRows, process_logits, row_stream, sample_from
 
 if TYPE_CHECKING:
     from .runtime import SpeculativeDecoder
@@ -40,22 +39,22 @@ class Batch:
         self.k = k if isinstance(k, int) else max(dec.built_ks())  # the largest k a step may use
         self.k_label = k
         self.reqs: list[Request | None] = [None] * W
-        self.gens: list[torch.Generator | None] = [None] * W
+        self.gens: list[np.random.Generator | None] = [None] * W
         self.acc = [RowState() for _ in range(W)]  # per row: acceptance per proposal source (auto k)
         self.history = np.zeros((W, cfg.max_seq_len), dtype=np.int64)  # [W, max_seq_len] committed tokens
         self.lengths = [0] * W  # valid history per row (the current token included)
         # [W]: the current token's position; a free row sits at 1, so its padding passes (the draft re-reads
         # position past_len - 1) stay inside its own cache row and attend at least one finite position
-        self.past_len = torch.ones(W, dtype=torch.long)
+        self.past_len = np.ones(W, dtype=np.int64)
         # [W]: positions < draft_valid hold the draft model's KV of committed tokens (it lags after target-only
         # steps, and catches up before its next draft)
         self.draft_valid = [0] * W
-        self.prev = torch.zeros(W, dtype=torch.long)  # [W]: the token before the current one
-        self.current = torch.zeros(W, dtype=torch.long)  # [W]: the last committed token, not yet in any cache
-        self.temperature = torch.ones(W)  # [W] sampling parameters per row (free and greedy rows: 1)
-        self.top_k = torch.zeros(W, dtype=torch.long)
-        self.top_p = torch.ones(W)
-        self.greedy = torch.ones(W, dtype=torch.bool)
+        self.prev = np.zeros(W, dtype=np.int64)  # [W]: the token before the current one
+        self.current = np.zeros(W, dtype=np.int64)  # [W]: the last committed token, not yet in any cache
+        self.temperature = np.ones(W, dtype=np.float32)  # [W] sampling parameters per row (free and greedy rows: 1)
+        self.top_k = np.zeros(W, dtype=np.int64)
+        self.top_p = np.ones(W, dtype=np.float32)
+        self.greedy = np.ones(W, dtype=bool)
 
     def rows(self) -> list[int]:
         return [b for b, r in enumerate(self.reqs) if r is not None]
@@ -68,11 +67,11 @@ class Batch:
             return None
         return SamplingRows(self.temperature[:B], self.top_k[:B], self.top_p[:B], self.greedy[:B])
 
-    def _uniforms(self, rows: list[int], B: int, n: int, sampling) -> torch.Tensor:  # [B, n], per-row streams
-        u = torch.zeros(B, n)
+    def _uniforms(self, rows: list[int], B: int, n: int, sampling) -> np.ndarray:  # [B, n], per-row streams
+        u = np.zeros((B, n), dtype=np.float32)
         if sampling is not None:  # greedy reads no randomness
             for b in rows:
-                u[b] = torch.rand(n, generator=self.gens[b])
+                u[b] = self.gens[b].random(n, dtype=np.float32)
         return u
 
     def _release(self, b: int) -> None:
@@ -86,7 +85,7 @@ class Batch:
         assert len(rows) == len(reqs) and all(self.reqs[b] is None for b in rows)
         for b, r in zip(rows, reqs):
             n = len(r.ids)
-            self.reqs[b], self.gens[b] = r, torch.Generator().manual_seed(r.sampling.seed)
+            self.reqs[b], self.gens[b] = r, row_stream(r.sampling.seed)
             self.acc[b] = RowState()
             self.history[b, :n] = r.ids
             self.lengths[b] = n
@@ -111,25 +110,25 @@ class Batch:
         lengths = [self.lengths[b] for b in run]
         # the draft model sees the prompt now, unless auto has it off (then it catches up if it turns on)
         draft_too = self.speculative and (self.auto is None or self.auto.expects_drafting(self.rows()[-1] + 1))
-        last_logits = torch.empty(B, dec.target.vocab_size)  # [B, V] at each prompt's last token
+        last_logits = np.empty((B, dec.target.vocab_size), dtype=np.float32)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
             chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)
-            past = torch.full((B,), start, dtype=torch.long)
-            last = torch.tensor([min(max(n - 1 - start, 0), chunk.shape[1] - 1) for n in lengths])
+            past = np.full(B, start, dtype=np.int64)
+            last = np.array([min(max(n - 1 - start, 0), chunk.shape[1] - 1) for n in lengths], dtype=np.int64)
             kv_len = min(start + chunk.shape[1], dec.config.cache_len)
             logits = dec.target.prefill(chunk, past, last, kv_len, row0)  # [B, V]
-            ends_here = torch.tensor([start <= n - 1 < start + C for n in lengths])
+            ends_here = np.array([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
             if draft_too:
                 dec.drafter.prefill(chunk, past, kv_len, row0)
         # the first token, from the prefill logits, with each row's own sampling
         sampling = self._sampling(run, row0 + B)
         u = self._uniforms(run, row0 + B, 1, sampling)[row0:, 0]  # [B]
-        first = last_logits.argmax(-1)
+        first = last_logits.argmax(-1)  # [B]
         if sampling is not None:
             sel = slice(row0, row0 + B)
-            probs = process_logits(last_logits[:, None], self.temperature[sel], self.top_k[sel], self.top_p[sel])[:, 0]
-            first = torch.where(self.greedy[sel], first, sample_from(probs, u))
+            probs = process_logits(last_logits, self.temperature[sel], self.top_k[sel], self.top_p[sel])  # [B, V]
+            first = np.where(self.greedy[sel], first, sample_from(probs, u))
         first = first.tolist()
         prefill_s = time.perf_counter() - t0
         events = []
@@ -147,7 +146,7 @@ class Batch:
                 self._release(b)
         return events
 
-    def _chunk(self, run: list[int], starts: list[int]) -> torch.Tensor:
+    def _chunk(self, run: list[int], starts: list[int]) -> np.ndarray:
         """[B, C] history tokens of rows `run` from each row's start (zero padded; eager: cut to what is needed)."""
         C = self.C
         chunk = np.zeros((len(run), C), dtype=np.int64)
@@ -156,7 +155,7 @@ class Batch:
             chunk[i, :len(part)] = part
         if not self.dec.target.fixed_shapes:
             chunk = chunk[:, :max(1, max(self.lengths[b] - s for b, s in zip(run, starts)))]
-        return torch.from_numpy(chunk)
+        return chunk
 
     def _catch_up_draft(self, rows: list[int], B: int) -> int:
         """After target-only steps a draft model has not seen the latest committed tokens: prefill them (rows
@@ -168,7 +167,7 @@ class Batch:
             starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
                       for b in range(B)]
             chunk = self._chunk(list(range(B)), starts)
-            past = torch.tensor(starts)
+            past = np.array(starts, dtype=np.int64)
             dec.drafter.prefill(chunk, past, min(max(starts) + chunk.shape[1], dec.config.cache_len), 0)
             for b in need:
                 self.draft_valid[b] = min(starts[b] + chunk.shape[1], self.lengths[b] - 2)
@@ -193,7 +192,6 @@ class Batch:
             return longest
         return min(kk for kk in self.dec.built_ks() if kk >= longest)
 
-    @torch.inference_mode()
     def step(self) -> list[tuple[Request, list[int]]]:
         """One speculative (or target-only) step for every occupied row; returns [(request, taken tokens)]."""
         dec = self.dec
@@ -216,7 +214,7 @@ class Batch:
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
         longest, shadow, source = 0, None, [0] * B
         if k:
-            x = DraftInputs(torch.stack([self.prev[:B], current], 1), past_len, past_max + k + 1, self.history[:B],
+            x = DraftInputs(np.stack([self.prev[:B], current], 1), past_len, past_max + k + 1, self.history[:B],
                             self.lengths[:B], sampling, u[:, :k])
             prop = dec.drafter.propose(x, k)
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
@@ -230,24 +228,24 @@ class Batch:
                     shadow, longest = (draft[:, 0].tolist(), lens), 0
                 else:
                     capped = [min(n, j) for n in capped]
-                    draft_len, longest = torch.tensor(capped), max(capped)
+                    draft_len, longest = np.array(capped, dtype=np.int64), max(capped)
         kd = self._verify_k(longest, k)
         if 0 < kd < k:
             draft, q = draft[:, :kd], (q[:, :kd] if q is not None else None)
         t1 = time.perf_counter()
         # 2. Verify: one target pass over [current, d1..dkd] -> n_accepted [B], next [B], committed [B, kd+1].
         if kd > 0:
-            u_verify = torch.cat([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
-            n_acc, nxt, committed = dec.target.verify(torch.cat([current[:, None], draft], 1), draft_len, past_len,
-                                                      past_max + kd + 1, kd, sampling, u_verify, q)
+            u_verify = np.concatenate([u[:, k:k + kd], u[:, 2 * k:]], 1)  # [B, kd+1]: accept | next
+            n_acc, nxt, committed = dec.target.verify(np.concatenate([current[:, None], draft], 1), draft_len,
+                                                      past_len, past_max + kd + 1, kd, sampling, u_verify, q)
         else:  # target-only step (or no row had a proposal worth verifying)
-            n_acc, nxt, committed = dec.target.verify(current[:, None], torch.zeros(B, dtype=torch.long), past_len,
+            n_acc, nxt, committed = dec.target.verify(current[:, None], np.zeros(B, dtype=np.int64), past_len,
                                                       past_max + 1, 0, sampling, u[:, -1:], None)
             draft = None
         t2 = time.perf_counter()
         # 3. Commit: the one host sync per step.
-        drafted = draft_len if draft is not None else torch.zeros(B, dtype=torch.long)
-        host = torch.cat([drafted[:, None], committed], 1).tolist()  # [B, 1 + kd+1]: drafted | committed
+        drafted = draft_len if draft is not None else np.zeros(B, dtype=np.int64)
+        host = np.concatenate([drafted[:, None], committed], 1).tolist()  # [B, 1 + kd+1]: drafted | committed
         events = []
         for b in rows:
             r = self.reqs[b]
@@ -274,8 +272,8 @@ class Batch:
             events.append((r, taken))
         # 4. Advance: past_len moves past the committed tokens (rollback is not moving it further).
         if draft is not None:
-            last_acc = draft.gather(1, (n_acc - 1).clamp_min(0)[:, None])[:, 0]
-            self.prev[:B] = torch.where(n_acc > 0, last_acc, current)
+            last_acc = np.take_along_axis(draft, np.maximum(n_acc - 1, 0)[:, None], 1)[:, 0]  # [B]
+            self.prev[:B] = np.where(n_acc > 0, last_acc, current)
         else:
             self.prev[:B] = current
         self.past_len[:B] = past_len + n_acc + 1

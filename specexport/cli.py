@@ -433,12 +433,24 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# what `pip install 'specexport[build]'` adds: compiling engines and running checkpoints need these; running an
+# engine folder with onnxruntime needs none of them
+BUILD_EXTRA = ("torch", "transformers", "onnx", "gguf", "tqdm")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except SpecExportError as e:
         print(f"specexport: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        if missing not in BUILD_EXTRA:
+            raise
+        print(f"specexport: error: specexport {args.command} needs the build extra ({missing} is not installed): "
+              "pip install 'specexport[build]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -9,15 +9,13 @@ import threading
 from typing import Iterator, Sequence
 
 import numpy as np
-import torch
 
 from .autok import AutoK
 from .backends import Engine
 from .batch import Batch
 from .config import DecoderConfig, SamplingParams
-from .drafters import Drafter, make_drafter
+from .drafters import Drafter
 from .errors import SpecExportError
-from .models import load_model
 from .request import GenerationOutput, GenerationStats, Request, StreamEvent
 
 __all__ = ["SpeculativeDecoder", "GenerationOutput", "GenerationStats", "StreamEvent", "Request", "Batch"]
@@ -47,11 +45,14 @@ class SpeculativeDecoder:
         draft: checkpoint dir, .gguf or 'prompt-lookup' (None: prompt lookup);
         options: any DecoderConfig field (k, max_seq_len, max_batch, dtype, ...). Runs the torch backend
         eagerly; `specexport build` + `load` give fixed-shape engines."""
-        from .backends.torch_engine import TorchEngine
+        from .backends.torch_engine import TorchEngine, set_threads
+        from .draft_models import make_drafter
+        from .models import load_model
         config = _decoder_config(options)
         if config.backend != "torch":
             raise SpecExportError(f"from_pretrained runs the torch backend; for backend={config.backend!r} build an "
                                   "engine folder (specexport build) and use SpeculativeDecoder.load(folder, backend=...)")
+        set_threads(config.threads)
         loaded = load_model(target, config.dtype, config.cache_len, role="target")
         V = loaded.config.vocab_size
         drafter = make_drafter(draft, loaded, config,
@@ -144,7 +145,7 @@ class SpeculativeDecoder:
                 raise SpecExportError("this model has no tokenizer: pass prompts as lists of token ids")
             if chat:
                 return self._chat_ids([{"role": "user", "content": prompt}])
-            return list(self.tokenizer(prompt).input_ids)
+            return list(self.tokenizer.encode(prompt))
         if chat:
             raise SpecExportError("chat=True needs text prompts, not token ids")
         return [int(t) for t in prompt]
@@ -161,7 +162,7 @@ class SpeculativeDecoder:
         if not getattr(self.tokenizer, "chat_template", None):
             raise SpecExportError("chat=True but the target's tokenizer has no chat template: pass chat=False")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _prepare(self, prompts, max_new_tokens, sampling, chat, stop_token_ids, stop=()) -> list[Request]:
         single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))
@@ -232,7 +233,4 @@ def _decoder_config(options: dict) -> DecoderConfig:
     if unknown:
         raise SpecExportError(f"unknown option(s) {', '.join(sorted(unknown))}; "
                               f"known: {', '.join(DecoderConfig.__dataclass_fields__)}")
-    config = DecoderConfig(**options)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    return config
+    return DecoderConfig(**options)

@@ -27,68 +27,13 @@ padded with q = 0), so the verifier never sees the draft's own vocabulary size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
+# the graphs' names and io contracts live in graphs.py (torch-free); re-exported for export/
+from .graphs import SAMPLING_INPUTS, graph_list, graph_name, io_names, kv_names, tokens_per_pass  # noqa: F401
 from .models import StaticKVDecoder
 from .verify import process_logits, sample_from, verify_greedy, verify_sampling
-
-if TYPE_CHECKING:
-    from .config import BuildConfig
-
-SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "greedy")
-
-
-@dataclass
-class SamplingRows:
-    """Per-row sampling parameters as tensors (greedy rows carry temperature 1)."""
-
-    temperature: torch.Tensor  # [B] float
-    top_k: torch.Tensor  # [B] long
-    top_p: torch.Tensor  # [B] float
-    greedy: torch.Tensor  # [B] bool
-
-    def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        return self.temperature, self.top_k, self.top_p, self.greedy
-
-
-def kv_names(num_layers: int, suffix: str = "") -> list[str]:
-    return [f"key{suffix}.{i}" for i in range(num_layers)] + [f"value{suffix}.{i}" for i in range(num_layers)]
-
-
-def io_names(kind: str, k: int, sampling: bool, num_layers: int) -> tuple[list[str], list[str]]:
-    """(input names, output names) of a step graph, in forward's order."""
-    s_in = list(SAMPLING_INPUTS) + ["u"] if sampling else []
-    if kind == "prefill":
-        ins, outs = ["tokens", "past_len", "last_index", "key_pos"], ["logits"]
-    elif kind == "draft":
-        ins, outs = ["last_two", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
-    elif kind == "draft_pass":
-        ins, outs = ["tokens", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
-    elif kind in ("verify", "verify_exact"):
-        ins = ["tokens", "draft_len", "past_len", "key_pos"] + s_in + (["q"] if sampling and k > 0 else [])
-        outs = ["n_accepted", "next", "committed"]
-    else:
-        raise ValueError(kind)
-    return ins + kv_names(num_layers), outs + kv_names(num_layers, "_out")
-
-
-def tokens_per_pass(kind: str, k: int, chunk: int) -> int:
-    """T, the static token width of a step graph (its `tokens` / `last_two` input is [B, T])."""
-    return {"prefill": chunk, "draft": 2, "draft_pass": k, "verify": k + 1, "verify_exact": 1}[kind]
-
-
-def graph_name(kind: str, k: int = 0, sampling: bool = False) -> str:
-    """prefill, draft_k{k}_{mode}, verify_k{k}_{mode}, draft_pass{W}_{mode} (k is the width W there)."""
-    mode = "sample" if sampling else "greedy"
-    if kind == "prefill":
-        return "prefill"
-    if kind == "verify_exact":
-        return f"verify_k0_exact_{mode}"
-    return f"draft_pass{k}_{mode}" if kind == "draft_pass" else f"{kind}_k{k}_{mode}"
 
 
 class _Step(nn.Module):
@@ -233,20 +178,3 @@ def make_step(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_
     if kind in ("verify", "verify_exact"):  # verify_exact: the model is traced with ops="fused_rows2"
         return VerifyStep(model, k, sampling, **kw)
     raise ValueError(kind)
-
-
-def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tuple[str, str, int, bool]]:
-    """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
-    draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""
-    modes = (False, True) if cfg.sampling else (False,)
-    fused = (ops or cfg.ops) == "fused"
-    if role == "target":
-        kind, ks = "verify", (0, *cfg.ks)
-    elif fused:
-        kind, ks = "draft_pass", (1, 2)
-    else:
-        kind, ks = "draft", cfg.ks
-    graphs = [("prefill", "prefill", 0, False)] + [(graph_name(kind, k, s), kind, k, s) for k in ks for s in modes]
-    if role == "target" and fused:  # the exact batch-1 target-only step (steps.py, backends/ort_engine.py)
-        graphs += [(graph_name("verify_exact", 0, s), "verify_exact", 0, s) for s in modes]
-    return graphs

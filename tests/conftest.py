@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from helpers import FAMILIES, make_tiny, word_tokenizer
+from helpers import FAMILIES, SHAPES, make_tiny, word_tokenizer
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -62,3 +62,20 @@ def texty_engine(tmp_path_factory):
     build(BuildConfig(target=str(root / "target"), draft=str(root / "draft"), ks=(3,), max_seq_len=96, max_batch=4,
                       prefill_chunk=16, out=str(out)), progress=False)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def engines(tiny, tmp_path_factory):
+    """family -> engine folder (target + perturbed draft, k in {1, 3}, ONNX (fused graph set) + TorchScript); plus
+    'lookup' -> a prompt-lookup engine (llama, k=3) built greedy-only."""
+    from specexport.config import BuildConfig
+    from specexport.export.build import build
+    root = tmp_path_factory.mktemp("engines")
+    out = {}
+    for fam in FAMILIES:
+        cfg = BuildConfig(target=tiny[fam]["target"], draft=tiny[fam]["perturbed"], ks=(1, 3),
+                          formats=("onnx", "torchscript"), out=str(root / fam), **SHAPES)
+        out[fam] = build(cfg, progress=False)["out"]
+    cfg = BuildConfig(target=tiny["llama"]["target"], ks=(3,), sampling=False, out=str(root / "lookup"), **SHAPES)
+    out["lookup"] = build(cfg, progress=False)["out"]
+    return out

@@ -11,6 +11,7 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
               pad_token_id=None)
+SHAPES = dict(max_seq_len=128, max_batch=4, prefill_chunk=16)  # the tiny engines' build shapes
 
 
 def hf_config(family: str, **overrides):

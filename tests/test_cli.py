@@ -50,3 +50,14 @@ def test_errors_are_one_line_without_traceback(texty, args, msg):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and msg in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+def test_build_without_the_build_extra_is_one_clear_line(tmp_path):
+    """A lean install (no torch): `specexport build` says which extra to install, in one line."""
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
+            "from specexport.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "build", "--out", str(tmp_path / "e")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "needs the build extra" in r.stderr and "pip install 'specexport[build]'" in r.stderr
+    assert r.stderr.strip().count("\n") == 0

@@ -1,19 +1,21 @@
 """Engines: one model's compiled steps (steps.py) over its own static KV buffers.
 
 The runtime only talks to this protocol, so the torch, TorchScript and onnxruntime engines are
-interchangeable. A call with batch B uses rows row0..row0+B-1 of the engine's caches (row0 = 0 for a
-step over the whole batch; a request joining a running batch is prefilled in its own row). Outputs of fixed-shape
-engines may be views of the engine's own buffers: read them before the next call of the same step.
+interchangeable. It takes and returns numpy arrays (the torch engines convert at their own boundary, so the
+onnxruntime path never imports torch). A call with batch B uses rows row0..row0+B-1 of the engine's caches
+(row0 = 0 for a step over the whole batch; a request joining a running batch is prefilled in its own row).
+Outputs of fixed-shape engines may be views of the engine's own buffers: read them before the next call of the
+same step.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-import torch
+import numpy as np
 
-from ..models import ModelConfig
-from ..steps import SamplingRows
+from ..models.config import ModelConfig
+from ..sampling import SamplingRows
 
 
 class Engine(Protocol):
@@ -22,17 +24,15 @@ class Engine(Protocol):
     fixed_shapes: bool  # True: prefill chunks are exactly C tokens and k is one of `ks` (compiled graphs)
     ks: tuple[int, ...] | None  # the k values with draft/verify graphs (None: any k, eager)
 
-    def prefill(self, tokens: torch.Tensor, past_len: torch.Tensor, last_index: torch.Tensor,
-                kv_len: int, row0: int = 0) -> torch.Tensor:
-        """tokens [B, C] at positions past_len + arange(C) -> logits [B, V] at last_index [B]."""
+    def prefill(self, tokens: np.ndarray, past_len: np.ndarray, last_index: np.ndarray,
+                kv_len: int, row0: int = 0) -> np.ndarray:
+        """tokens [B, C] int64 at positions past_len + arange(C) -> logits [B, V] float32 at last_index [B]."""
 
-    def draft(self, last_two: torch.Tensor, past_len: torch.Tensor, kv_len: int, k: int,
-              sampling: SamplingRows | None, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def draft(self, last_two: np.ndarray, past_len: np.ndarray, kv_len: int, k: int,
+              sampling: SamplingRows | None, u: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """last_two [B, 2] (previous, current) -> draft [B, k] and q [B, k, V] (None when sampling is None)."""
 
-    def verify(self, tokens: torch.Tensor, draft_len: torch.Tensor, past_len: torch.Tensor, kv_len: int, k: int,
-               sampling: SamplingRows | None, u: torch.Tensor, q: torch.Tensor | None):
+    def verify(self, tokens: np.ndarray, draft_len: np.ndarray, past_len: np.ndarray, kv_len: int, k: int,
+               sampling: SamplingRows | None, u: np.ndarray, q: np.ndarray | None):
         """tokens [B, k+1] = [current, draft] -> n_accepted [B], next [B], committed [B, k+1] (-1 padded).
-        sampling None: all rows greedy. q None with sampling: one-hot drafts. u: [B, k+1]."""
-
-
+        sampling None: all rows greedy. q None with sampling: one-hot drafts. u: [B, k+1] float32."""

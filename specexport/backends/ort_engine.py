@@ -41,11 +41,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import SpecExportError
-from ..models import ModelConfig
-from ..steps import SamplingRows, graph_name
+from ..graphs import graph_name
+from ..models.config import ModelConfig
+from ..sampling import SamplingRows
 
 
 def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -142,12 +142,12 @@ class OrtEngine:
         return so
 
     def _open(self, rel: str, prepack: bool):
-        import onnx
         path = str(self.folder / rel)
         so = self._session_options(prepack)
-        for init in onnx.load(path, load_external_data=False).graph.initializer:
-            if init.name in self._weights:
-                so.add_initializer(init.name, self._weight_value(init.name))
+        # every weight of the model is offered (the graph takes those it names, ORT skips the others): reading
+        # the graph's initializer names would need the onnx package, which the runtime does without
+        for name in self._weights:
+            so.add_initializer(name, self._weight_value(name))
         try:
             return self.ort.InferenceSession(path, so, providers=self.providers)
         except Exception as e:  # a graph ORT refuses: say which and why, in one line
@@ -189,11 +189,11 @@ class OrtEngine:
             self._bindings[key] = _Binding(self, name, B, row0, graph_id=len(self._bindings) + 1)
         return self._bindings[key]
 
-    def _run(self, name: str, B: int, inputs: dict, kv_len: int, row0: int = 0) -> list[torch.Tensor]:
+    def _run(self, name: str, B: int, inputs: dict, kv_len: int, row0: int = 0) -> list[np.ndarray]:
         if self.fused and B > 1 and self.graphs[name]["inputs"][0][2][1] > 1:  # multi-token rows: one at a time
             outs = [self._binding(name, 1, row0 + b).run({n: t[b:b + 1] for n, t in inputs.items()}, kv_len)
                     for b in range(B)]
-            return [torch.cat(parts) for parts in zip(*outs)]
+            return [np.concatenate(parts) for parts in zip(*outs)]
         return self._binding(name, B, row0).run(inputs, kv_len)
 
     def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u):
@@ -206,7 +206,7 @@ class OrtEngine:
             if mode:
                 ins.update(_sampling(sampling), u=u[:, i:i + 1])
             out = self._run(graph_name("draft_pass", int(tokens.shape[1]), mode), B, ins, kv_len)
-            return out[0][:, 0].clone(), (out[1].clone() if mode else None)
+            return out[0][:, 0].copy(), (out[1].copy() if mode else None)
 
         if B > 1:
             one(last_two[:, :1], past_len - 1, 0)
@@ -218,7 +218,7 @@ class OrtEngine:
             d, q = one(d[:, None], past_len + i, i)
             drafts.append(d)
             qs.append(q)
-        return torch.stack(drafts, 1), (torch.cat(qs, 1) if mode else None)  # [B, k], [B, k, V]
+        return np.stack(drafts, 1), (np.concatenate(qs, 1) if mode else None)  # [B, k], [B, k, V]
 
     # ---- the Engine protocol -------------------------------------------------------------------
 
@@ -243,13 +243,19 @@ class OrtEngine:
         if sampling is not None:
             ins.update(_sampling(sampling), u=u)
             if k > 0:
-                ins["q"] = q if q is not None else torch.nn.functional.one_hot(tokens[:, 1:], self.target_vocab).float()
+                ins["q"] = q if q is not None else _one_hot(tokens[:, 1:], self.target_vocab)
         out = self._run(name, len(tokens), ins, kv_len)
         return out[0], out[1], out[2]
 
 
 def _sampling(s: SamplingRows) -> dict:
     return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, greedy=s.greedy)
+
+
+def _one_hot(tokens: np.ndarray, V: int) -> np.ndarray:  # [B, k] -> [B, k, V] float32
+    out = np.zeros((*tokens.shape, V), np.float32)
+    np.put_along_axis(out, tokens[..., None], 1.0, -1)
+    return out
 
 
 class _Binding:
@@ -286,14 +292,14 @@ class _Binding:
             v = value(host)
             self.io.bind_ortvalue_input(i_name, v)
             self.inputs[i_name] = (v, host)
-        self.outputs = []  # (OrtValue, host view as torch) per step output, in the step's order
+        self.outputs = []  # (OrtValue, host array) per step output, in the step's order
         for o_name, dtype, dims in spec["outputs"][:-n_kv]:
             shape = [B if d == "B" else d for d in dims]
             host = np.zeros(shape, np.dtype(dtype))
             v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \
                 else value(host)
             self.io.bind_ortvalue_output(o_name, v)
-            self.outputs.append((v, torch.from_numpy(host)))
+            self.outputs.append((v, host))
         self.run_options = ort.RunOptions()
         # on CPU the C++ call directly: the Python wrapper's graph-capture checks cost ~0.1 ms per run (an
         # exception from get_run_config_entry when gpu_graph_id is unset), 1-2% of a small model's step
@@ -309,12 +315,11 @@ class _Binding:
         self.io.bind_ortvalue_input(name, v)
         self.keep.append((v, host))
 
-    def run(self, inputs: dict, kv_len: int) -> list[torch.Tensor]:
+    def run(self, inputs: dict, kv_len: int) -> list[np.ndarray]:
         missing = set(self.inputs) - set(inputs)  # (an input the step does not read was pruned by the export)
         assert not missing, f"{self.name}: inputs {sorted(missing)} not given"
         for name, (value, host) in self.inputs.items():
-            t = inputs[name]
-            arr = t.numpy() if isinstance(t, torch.Tensor) else t
+            arr = inputs[name]
             if arr.shape != host.shape:
                 raise AssertionError(f"{self.name}: input {name} has shape {arr.shape}, the graph takes {host.shape}")
             if self.on_cuda:
@@ -327,5 +332,5 @@ class _Binding:
         self._call()
         self.eng.busy_s += time.perf_counter() - t0
         if self.on_cuda:
-            return [torch.from_numpy(v.numpy()) for v, _ in self.outputs]
-        return [t for _, t in self.outputs]
+            return [v.numpy() for v, _ in self.outputs]
+        return [host for _, host in self.outputs]

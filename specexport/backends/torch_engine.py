@@ -1,15 +1,39 @@
 """The torch backend: the step modules run eagerly over preallocated KV buffers (the reference the others
-are tested against), or the same steps loaded from TorchScript (`torch.jit.load`)."""
+are tested against), or the same steps loaded from TorchScript (`torch.jit.load`).
+
+The Engine protocol speaks numpy (backends/__init__.py): these engines convert at their boundary
+(`torch.from_numpy` in, `.numpy()` out), so torch is imported only when a torch backend is chosen.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config import DTYPES
+from ..errors import SpecExportError
 from ..models import KVCache, ModelConfig, StaticKVDecoder
 from ..steps import graph_name, make_step
+
+
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op threads (None: leave torch's default)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _t(x: np.ndarray, device) -> torch.Tensor:  # numpy in (a view where it can be)
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:  # numpy out: float outputs as float32 (bf16 has no numpy type)
+    if t.is_floating_point() and t.dtype != torch.float32:
+        t = t.float()
+    return t.cpu().numpy()
 
 
 class TorchEngine:
@@ -24,6 +48,7 @@ class TorchEngine:
         self.vocab_size = model.cfg.vocab_size
         self.target_vocab = target_vocab or self.vocab_size
         p = next(model.parameters())
+        self.device = p.device
         self.cache = KVCache.allocate(self.config, max_batch, cache_len, p.dtype, p.device)  # [max_batch, Hkv, S, D]
         self.key_pos = torch.arange(cache_len, device=p.device)  # [S]; key_pos[:L] is a free view
         self.max_batch = max_batch
@@ -34,12 +59,15 @@ class TorchEngine:
         assert row0 + B <= self.max_batch, f"rows {row0}..{row0 + B - 1} exceed max_batch {self.max_batch}"
         return [t[row0:row0 + B] for t in self.cache.keys + self.cache.values]
 
-    def _call(self, kind: str, k: int, sampling: bool, *inputs, row0: int = 0):
+    def _call(self, kind: str, k: int, sampling: bool, *inputs, row0: int = 0) -> list[np.ndarray]:
+        """inputs: numpy arrays, or tensors already on the device (key_pos) -> the step's outputs as numpy."""
         step = self._step(kind, k, sampling)
+        inputs = [x if x is None or isinstance(x, torch.Tensor) else _t(x, self.device) for x in inputs]
         t0 = time.perf_counter()
         out = step(*inputs, *self._kv(len(inputs[0]), row0))
         self.busy_s += time.perf_counter() - t0
-        return out
+        n = len(out) - 2 * self.config.num_layers  # the caches come last
+        return [_np(t) for t in out[:n]]
 
     def _step(self, kind: str, k: int = 0, sampling: bool = False):
         name = graph_name(kind, k, sampling)
@@ -64,7 +92,7 @@ class TorchEngine:
             s = (*sampling.as_tuple(), u)
             if k > 0:
                 s += (q if q is not None or not self.fixed_shapes
-                      else F.one_hot(tokens[:, 1:], self.vocab_size).float(),)
+                      else F.one_hot(_t(tokens[:, 1:], self.device), self.vocab_size).float(),)
         out = self._call("verify", k, sampling is not None, tokens, draft_len, past_len, self.key_pos[:kv_len], *s)
         return out[0], out[1], out[2]
 
@@ -80,6 +108,7 @@ class TorchScriptEngine(TorchEngine):
         self.config = config
         self.vocab_size = config.vocab_size
         self.cache = KVCache.allocate(config, max_batch, cache_len, dtype)
+        self.device = torch.device("cpu")
         self.key_pos = torch.arange(cache_len)
         self.max_batch = max_batch
         self.ks = ks
@@ -87,3 +116,29 @@ class TorchScriptEngine(TorchEngine):
 
     def _step(self, kind, k=0, sampling=False):
         return getattr(self.module, graph_name(kind, k, sampling))
+
+
+def open_torchscript(path: Path, config: ModelConfig, max_batch: int, cache_len: int, dtype: str,
+                     ks: tuple[int, ...]) -> TorchScriptEngine:
+    """A TorchScript engine from an engine folder's module file (dtype: the manifest's, e.g. 'fp32')."""
+    return TorchScriptEngine(torch.jit.load(str(path)), config, max_batch, cache_len, getattr(torch, DTYPES[dtype]), ks)
+
+
+def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int) -> StaticKVDecoder:
+    """The eager decoder from an engine folder's own weights file (the one the ONNX graphs point into)."""
+    from safetensors.torch import load_file
+    c = entry["config"]
+    model = StaticKVDecoder(ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])}), cache_len).fuse()
+    if entry.get("quant_layers"):  # quantized layers (copies, --target-quant, GGUF as stored): shells whose codes
+        from ..models.quant import apply_quant_layers  # come from the file
+        model = apply_quant_layers(model, entry["quant_layers"])
+    elif entry.get("quant"):  # (engines built before quant_layers was recorded)
+        from ..models.quant import QuantSpec, quantize_model
+        model = quantize_model(model, QuantSpec(**entry["quant"]))
+    state = {n.removeprefix("model."): t for n, t in load_file(str(root / entry["weights"])).items()}
+    wanted = model.state_dict()
+    missing = [n for n in wanted if n not in state and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    if missing:
+        raise SpecExportError(f"{entry['weights']} lacks {len(missing)} weights (e.g. {missing[0]}): rebuild the engine")
+    model.load_state_dict({n: t for n, t in state.items() if n in wanted}, strict=False)
+    return model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False)

@@ -20,7 +20,7 @@ import torch
 
 from .. import __version__
 from ..config import PROMPT_LOOKUP, BuildConfig
-from ..drafters import load_draft
+from ..draft_models import load_draft
 from ..errors import SpecExportError
 from ..models import LoadedModel, load_model, read_config, resolve_path
 from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model

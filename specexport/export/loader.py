@@ -1,15 +1,17 @@
-"""Open an engine folder with a backend: check the manifest, then build the engines the runtime drives."""
+"""Open an engine folder with a backend: check the manifest, then build the engines the runtime drives.
+
+Torch is imported only for the torch and torchscript backends (backends/torch_engine.py); the onnxruntime
+path needs numpy, onnxruntime and the tokenizers library.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from ..config import DTYPES, PROMPT_LOOKUP, DecoderConfig
+from ..config import PROMPT_LOOKUP, DecoderConfig
 from ..drafters import ModelDrafter, PromptLookupDrafter
 from ..errors import SpecExportError
-from ..models import ModelConfig, StaticKVDecoder
+from ..models.config import ModelConfig
 from .manifest import read_manifest
 
 LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "prepack", "drafter",
@@ -21,30 +23,11 @@ def model_config(entry: dict) -> ModelConfig:
     return ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])})
 
 
-def load_torch_model(root: Path, entry: dict, dtype: str, cache_len: int) -> StaticKVDecoder:
-    """The eager decoder from the engine's own weights file (the one the ONNX graphs point into)."""
-    from safetensors.torch import load_file
-    model = StaticKVDecoder(model_config(entry), cache_len).fuse()
-    if entry.get("quant_layers"):  # quantized layers (copies, --target-quant, GGUF as stored): shells whose codes
-        from ..models.quant import apply_quant_layers  # come from the file
-        model = apply_quant_layers(model, entry["quant_layers"])
-    elif entry.get("quant"):  # (engines built before quant_layers was recorded)
-        from ..models.quant import QuantSpec, quantize_model
-        model = quantize_model(model, QuantSpec(**entry["quant"]))
-    state = {n.removeprefix("model."): t for n, t in load_file(str(root / entry["weights"])).items()}
-    wanted = model.state_dict()
-    missing = [n for n in wanted if n not in state and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
-    if missing:
-        raise SpecExportError(f"{entry['weights']} lacks {len(missing)} weights (e.g. {missing[0]}): rebuild the engine")
-    model.load_state_dict({n: t for n, t in state.items() if n in wanted}, strict=False)
-    return model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False)
-
-
 def check_graphs(m: dict) -> None:
     """Every graph the manifest's k values and modes call for is there, with the inputs and outputs (names and
     batch-free shapes) this version of the runtime binds."""
     from ..config import BuildConfig
-    from ..steps import graph_list, io_names, tokens_per_pass
+    from ..graphs import graph_list, io_names, tokens_per_pass
     cfg = BuildConfig(ks=tuple(m["ks"]), sampling=m.get("sampling_graphs", True), max_seq_len=m["max_seq_len"],
                       max_batch=m["max_batch"], prefill_chunk=m["prefill_chunk"], dtype=m["dtype"],
                       ops=m.get("ops", "portable"))
@@ -86,8 +69,9 @@ def _open(path: str, backend: str, options: dict):
                            prefill_chunk=m["prefill_chunk"], backend=backend, dtype=m["dtype"],
                            ngram_min=options.get("ngram_min", ngram[0]), ngram_max=options.get("ngram_max", ngram[1]),
                            threads=options.get("threads"))
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    if config.threads and backend in ("torch", "torchscript"):
+        from ..backends.torch_engine import set_threads
+        set_threads(config.threads)
     assert config.cache_len == m["cache_len"], "manifest cache_len disagrees with max_seq_len + max(k) + 1"
     V = m["vocab_size"]
     device = options.get("device", "cpu")
@@ -108,15 +92,14 @@ def _open(path: str, backend: str, options: dict):
         if backend == "torchscript":
             if "torchscript" not in entry:
                 raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")
-            from ..backends.torch_engine import TorchScriptEngine
+            from ..backends.torch_engine import open_torchscript
             from .torchscript import warn_deprecated
             warn_deprecated()
-            module = torch.jit.load(str(root / entry["torchscript"]))
-            return TorchScriptEngine(module, model_config(entry), max_batch, m["cache_len"],
-                                     getattr(torch, DTYPES[m["dtype"]]), ks)
+            return open_torchscript(root / entry["torchscript"], model_config(entry), max_batch, m["cache_len"],
+                                    m["dtype"], ks)
         if backend == "torch":
-            from ..backends.torch_engine import TorchEngine
-            eng = TorchEngine(load_torch_model(root, entry, m["dtype"], m["cache_len"]), max_batch, m["cache_len"],
+            from ..backends.torch_engine import TorchEngine, load_engine_model
+            eng = TorchEngine(load_engine_model(root, entry, m["dtype"], m["cache_len"]), max_batch, m["cache_len"],
                               target_vocab=vocab)
             eng.ks = ks  # the same k values as the engine's other backends
             return eng
@@ -140,8 +123,8 @@ def open_engine_dir(path: str, backend: str, **options):
         drafter = ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"])
     tokenizer = None
     if m.get("tokenizer"):
-        from transformers import PreTrainedTokenizerFast
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(root / m["tokenizer"]))
+        from ..tokenizer import Tokenizer
+        tokenizer = Tokenizer.from_dir(root / m["tokenizer"])
     return target, drafter, config, tokenizer, m["eos_token_ids"], str(root), bool(m.get("sampling_graphs", True))
 
 

@@ -1,25 +1,10 @@
 import pytest
 
-from helpers import FAMILIES
+from helpers import FAMILIES, SHAPES
 from specexport.config import BuildConfig
 from specexport.export.build import build
 
-SHAPES = dict(max_seq_len=128, max_batch=4, prefill_chunk=16)
-
-
-@pytest.fixture(scope="session")
-def engines(tiny, tmp_path_factory):
-    """family -> engine folder (target + perturbed draft, k in {1, 3}, ONNX (fused graph set) + TorchScript); plus
-    'lookup' -> a prompt-lookup engine (llama, k=3) built greedy-only."""
-    root = tmp_path_factory.mktemp("engines")
-    out = {}
-    for fam in FAMILIES:
-        cfg = BuildConfig(target=tiny[fam]["target"], draft=tiny[fam]["perturbed"], ks=(1, 3),
-                          formats=("onnx", "torchscript"), out=str(root / fam), **SHAPES)
-        out[fam] = build(cfg, progress=False)["out"]
-    cfg = BuildConfig(target=tiny["llama"]["target"], ks=(3,), sampling=False, out=str(root / "lookup"), **SHAPES)
-    out["lookup"] = build(cfg, progress=False)["out"]
-    return out
+# `engines` (the tiny ONNX + TorchScript engines) is in tests/conftest.py: test_lean.py runs them too
 
 
 @pytest.fixture(scope="session")

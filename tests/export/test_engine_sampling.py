@@ -60,6 +60,7 @@ def engine_distribution(dec, sp) -> dict[tuple, float]:
     activations defines this target, so transformers' logits over dequantized weights are not it)."""
     import itertools
 
+    import numpy as np
     import torch
     from test_runtime_sampling import NEW, PROMPT, V
     from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
@@ -71,8 +72,9 @@ def engine_distribution(dec, sp) -> dict[tuple, float]:
     for prefix_len in range(NEW):
         for pre in itertools.product(range(V), repeat=prefix_len):
             ids = PROMPT + list(pre)
-            chunk = torch.tensor([ids + [0] * (C - len(ids))])
-            logits = dec.target.prefill(chunk, torch.zeros(1, dtype=torch.long), torch.tensor([len(ids) - 1]), C)
+            chunk = np.array([ids + [0] * (C - len(ids))], dtype=np.int64)
+            logits = torch.from_numpy(dec.target.prefill(chunk, np.zeros(1, dtype=np.int64),
+                                                         np.array([len(ids) - 1], dtype=np.int64), C))
             row = procs(None, logits.clone()).softmax(-1)[0]
             for t in range(V):
                 probs[pre + (t,)] = probs.get(pre, 1.0) * float(row[t])

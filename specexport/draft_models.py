@@ -1,0 +1,61 @@
+"""Drafters from checkpoints (torch): the flat factory `make_drafter`, a draft model's loading and vocabulary
+check, and the quantized copy of the target. The runtime's drafters themselves are in drafters.py (numpy)."""
+
+from __future__ import annotations
+
+import copy
+
+from .config import PROMPT_LOOKUP, DecoderConfig
+from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from .errors import SpecExportError
+from .models import LoadedModel, load_model, read_config, resolve_path
+from .models.quant import QuantSpec, is_quant_spec, quantize_model
+
+
+def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    """The draft must share the target's vocabulary; padded embedding tails are allowed (and masked)."""
+    tt, dt = target.tokenizer, draft.tokenizer
+    vt, vd = target.config.vocab_size, draft.config.vocab_size
+    if tt is not None and dt is not None:
+        a, b = tt.get_vocab(), dt.get_vocab()
+        if a != b:
+            diff = sorted(set(a.items()) ^ set(b.items()))
+            raise SpecExportError(
+                f"draft vocabulary differs from the target's ({len(diff)} token/id pairs differ, e.g. {diff[0]}): "
+                "choose a draft that uses the target's tokenizer")
+        real = len(tt)
+        if min(vt, vd) < real:
+            raise SpecExportError(f"embedding sizes {vt} (target) and {vd} (draft) cannot both hold the "
+                                  f"{real}-token vocabulary: choose a draft that uses the target's tokenizer")
+    elif vt != vd:
+        raise SpecExportError(f"draft vocabulary size {vd} differs from the target's {vt} and there is no "
+                              "tokenizer to show the tail is padding: choose a draft with the target's vocabulary")
+
+
+def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make_engine) -> Drafter:
+    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; else a model path.
+    make_engine(loaded) builds the draft's engine."""
+    if spec is None or spec == PROMPT_LOOKUP:
+        return PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max)
+    loaded = load_draft(spec, target, cfg)
+    return ModelDrafter(make_engine(loaded), name=loaded.source)
+
+
+def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:
+    """The target's own weights, every linear layer block-quantized (models/quant.py)."""
+    model = quantize_model(copy.deepcopy(target.model), spec)
+    return LoadedModel(model, target.config, target.tokenizer, spec.name)
+
+
+def load_draft(spec: str, target: LoadedModel, cfg: DecoderConfig, gguf_stored: bool = False,
+               accuracy_level: int = 4) -> LoadedModel:
+    """Load a draft model and check that it fits the target (before any heavy work on it). gguf_stored: a GGUF
+    draft keeps its quantized weights as stored (see load_model)."""
+    if is_quant_spec(spec):
+        return quantized_copy(target, QuantSpec.parse(spec))
+    path = resolve_path(spec, role="draft")
+    read_config(path)  # unsupported architectures fail here, before the weights load
+    loaded = load_model(path, cfg.dtype, cfg.cache_len, role="draft", gguf_stored=gguf_stored,
+                        accuracy_level=accuracy_level)
+    check_vocab(target, loaded)
+    return loaded
