@@ -72,9 +72,10 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 def write_repository(engine_dir: str, repo: str, name: str = "specexport", instances: int = 1,
                      max_batch: int | None = None, backend: str | None = None, threads: int | None = None,
-                     speculative: bool = True, k: int | str | None = None, prepack: bool = False,
+                     speculative: bool = True, k: int | str | None = "auto", prepack: bool = False,
                      python_path: list[str] | None = None, standalone: bool = False) -> dict:
     m = read_manifest(engine_dir)
+    k = "auto" if k is None else k  # a new repository chooses k per step unless told otherwise
     if backend is None:
         backend = "onnxruntime" if m["models"]["target"]["graphs"] else "torch"
     if backend not in ("onnxruntime", "torch", "torchscript"):
@@ -98,8 +99,7 @@ def write_repository(engine_dir: str, repo: str, name: str = "specexport", insta
         params["max_batch"] = str(max_batch)
     if threads:
         params["threads"] = str(threads)
-    if k:
-        params["k"] = str(k)
+    params["k"] = str(k)
     cfg = ModelConfig(name, "python", INPUTS, OUTPUTS, decoupled=True, instances=instances, parameters=params)
     (root / "config.pbtxt").write_text(cfg.to_pbtxt())
     models = [name]

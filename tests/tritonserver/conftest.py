@@ -26,12 +26,12 @@ def texty_engine(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(texty_engine, tmp_path_factory):
     """The real tritonserver (from nvidia-pytriton) on 127.0.0.1 with free ports, over a repository holding the
-    speculative model and a target-only one."""
+    speculative model (k=3, so its stats match the offline runtime's) and a target-only one."""
     pytest.importorskip("pytriton", reason="the Triton tests need the [triton] extra (nvidia-pytriton)")
     from specexport.triton.repository import write_repository
     from specexport.triton.server import start_server
     repo = tmp_path_factory.mktemp("repo")
-    write_repository(texty_engine, str(repo), name="specexport", threads=1)
+    write_repository(texty_engine, str(repo), name="specexport", threads=1, k=3)
     write_repository(texty_engine, str(repo), name="target_only", threads=1, speculative=False)
     srv = start_server(str(repo), workdir=str(tmp_path_factory.mktemp("triton_work")))
     try:

@@ -123,6 +123,7 @@ def test_model_config_is_decoupled_python(server):
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/specexport/config", timeout=10) as r:
         cfg = json.loads(r.read())
     assert cfg["backend"] == "python" and cfg["model_transaction_policy"]["decoupled"] is True
+    assert cfg["parameters"]["k"]["string_value"] == "3"
     assert {i["name"] for i in cfg["input"]} >= {"text_input", "input_ids", "max_tokens", "temperature", "top_k",
                                                   "top_p", "seed", "stop", "stream", "chat"}
 
@@ -136,6 +137,7 @@ def test_cli_writes_a_repository(texty_engine, tmp_path):
     assert out["models"][0] == "m" and "m_target_verify_k3_greedy" in out["models"]
     cfg = (tmp_path / "m" / "config.pbtxt").read_text()
     assert "decoupled: true" in cfg and "count: 2" in cfg and '\\"/a\\", \\"/b\\"' in cfg
+    assert 'key: "k" value: { string_value: "auto" }' in cfg  # the default
     assert (tmp_path / "m" / "1" / "engine" / "manifest.json").exists()
     standalone = (tmp_path / "m_target_verify_k3_greedy" / "config.pbtxt").read_text()
     assert 'backend: "onnxruntime"' in standalone and 'name: "key_out.0"' in standalone
