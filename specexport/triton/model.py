@@ -7,12 +7,14 @@ response carries the request's stats. A bad request gets an error response; the 
 
 Inputs take our names and TensorRT-LLM's ensemble names where they mean the same (random_seed = seed,
 stop_words = stop, end_id: one more stop token id); max_batch_size 1, so tensors carry a batch dimension of 1
-(as TensorRT-LLM's clients send them; Triton's generate endpoints add it themselves).
+(as TensorRT-LLM's clients send them; Triton's generate endpoints add it themselves). The batcher's SpecMetrics
+are mirrored into Triton's metrics endpoint through the python backend's metrics API.
 """
 
 import json
 import os
 import sys
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -52,6 +54,41 @@ def _tensor(name, values, dtype):
     return pb_utils.Tensor(name, np.array([values], dtype=dtype))
 
 
+class _TritonMetrics:
+    """SpecMetrics mirrored into Triton's metrics endpoint (pb_utils.MetricFamily): the same names, help texts and
+    labels as SpecMetrics.samples() (counters get Prometheus' _total suffix, which Triton does not add), plus
+    Triton's model and version labels. Triton counters only increment, so both kinds move by the difference
+    from the last value this instance exported (instances of one model then add up)."""
+
+    def __init__(self, metrics, labels: dict):
+        self.metrics, self.labels = metrics, labels
+        self._families: dict = {}
+        self._series: dict = {}  # (name, labels) -> [pb_utils Metric, last exported value]
+        self._lock = threading.Lock()
+
+    def update(self) -> None:
+        with self._lock:
+            for s in self.metrics.samples():
+                entry = self._series.get((s.name, s.labels))
+                if entry is None:
+                    fam = self._families.get(s.name)
+                    if fam is None:
+                        counter = s.kind == "counter"
+                        fam = self._families[s.name] = pb_utils.MetricFamily(
+                            name=s.name + "_total" if counter else s.name, description=s.help,
+                            kind=pb_utils.MetricFamily.COUNTER if counter else pb_utils.MetricFamily.GAUGE)
+                    entry = self._series[(s.name, s.labels)] = [fam.Metric(labels={**self.labels, **dict(s.labels)}),
+                                                                0.0]
+                if s.value != entry[1]:
+                    entry[0].increment(s.value - entry[1])
+                    entry[1] = s.value
+
+    def close(self) -> None:
+        with self._lock:  # Metric objects go before their families
+            self._series.clear()
+            self._families.clear()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
@@ -80,6 +117,9 @@ class TritonPythonModel:
         self.batcher = ContinuousBatcher(self.dec, speculative=params.get("speculative", "true") == "true", k=k,
                                          max_waiting=int(params.get("max_waiting", "256")))
         self.vocab_size = self.dec.target.vocab_size
+        self.metrics = _TritonMetrics(self.batcher.metrics, {"model": args["model_name"],
+                                                             "version": str(args["model_version"])})
+        self._update_metrics()  # the gauges show from the start
 
     def execute(self, requests):
         for request in requests:
@@ -119,9 +159,12 @@ class TritonPythonModel:
         stop_ids = [end_id] if end_id is not None and end_id >= 0 else []
         stream = bool(_scalar(request, "stream", False))
         chat = bool(_scalar(request, "chat", False))
-        acc = {"ids": [], "text": ""}
+        acc = {"ids": [], "text": "", "started": False}
 
         def on_chunk(c):
+            if not acc["started"] or c.finished:  # admitted (the running gauge moved) or finished (counters moved)
+                acc["started"] = True
+                self._update_metrics()
             if c.finish_reason == "cancelled":  # nobody is listening; Triton still wants the stream closed
                 sender.send(flags=FINAL)
                 return
@@ -153,6 +196,18 @@ class TritonPythonModel:
         cancelled = getattr(sender, "is_cancelled", None)  # the client went away: free the row at the next step
         self.batcher.submit(prompt, on_chunk, max_new_tokens=max_tokens, sampling=sampling, chat=chat, stop=stop,
                             stop_token_ids=stop_ids, is_cancelled=cancelled)
+        self._update_metrics()  # the waiting gauge
+
+    def _update_metrics(self):
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.update()
+        except Exception as e:  # metrics never fail a request (e.g. a Triton without the python metrics API)
+            self.metrics = None
+            pb_utils.Logger.log_warn(f"specexport: exporting metrics to Triton failed, stopped: {e}")
 
     def finalize(self):
         self.batcher.close()
+        if self.metrics is not None:
+            self.metrics.close()

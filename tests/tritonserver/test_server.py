@@ -43,6 +43,8 @@ def test_greedy_text_and_ids_equal_the_offline_runtime(server, offline):
     target_only = call(server, PROMPTS[1], model="target_only", max_tokens=20)
     assert target_only.token_ids == offline.generate(PROMPTS[1], 20)[0].token_ids
     assert target_only.stats["drafted"] == 0
+    auto = call(server, PROMPTS[1], model="auto", max_tokens=20)  # the default k=auto: the same tokens
+    assert auto.error is None and auto.token_ids == offline.generate(PROMPTS[1], 20)[0].token_ids
 
 
 def test_streaming_gives_the_same_tokens(server):
@@ -131,6 +133,8 @@ def test_model_config_is_decoupled_python(server):
     assert types["random_seed"] == types["seed"] == ("TYPE_UINT64", [1])  # TensorRT-LLM's ensemble
     assert types["stop_words"] == ("TYPE_STRING", [-1]) and types["end_id"] == ("TYPE_INT32", [1])
     assert cfg["parameters"]["k"]["string_value"] == "3"
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/auto/config", timeout=10) as r:
+        assert json.loads(r.read())["parameters"]["k"]["string_value"] == "auto"  # the default
 
 
 def test_cli_writes_a_repository(texty_engine, tmp_path):
