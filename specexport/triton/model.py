@@ -6,7 +6,7 @@ request gets a response per step that commits tokens (stream=true) or one respon
 response carries the request's stats. A bad request gets an error response; the model keeps serving.
 
 Inputs take our names and TensorRT-LLM's ensemble names where they mean the same (random_seed = seed,
-stop_words = stop, end_id: one more stop token id); max_batch_size 1, so tensors carry a batch dimension of 1
+stop_words = stop, end_id: one more stop token id; beam_width 1 and exclude_input_in_output true, what we do); max_batch_size 1, so tensors carry a batch dimension of 1
 (as TensorRT-LLM's clients send them; Triton's generate endpoints add it themselves). The batcher's SpecMetrics
 are mirrored into Triton's metrics endpoint through the python backend's metrics API.
 """
@@ -157,6 +157,10 @@ class TritonPythonModel:
         if end_id is not None and end_id != -1 and not 0 <= end_id < self.vocab_size:  # -1: none (TensorRT-LLM)
             raise ValueError(f"end_id {end_id} is outside the vocabulary [0, {self.vocab_size})")
         stop_ids = [end_id] if end_id is not None and end_id >= 0 else []
+        if _scalar(request, "beam_width", 1) != 1:
+            raise ValueError(f"beam_width must be 1 (no beam search), got {_scalar(request, 'beam_width', 1)}")
+        if not _scalar(request, "exclude_input_in_output", True):
+            raise ValueError("exclude_input_in_output=false is not supported: outputs hold the generated text only")
         stream = bool(_scalar(request, "stream", False))
         chat = bool(_scalar(request, "chat", False))
         acc = {"ids": [], "text": "", "started": False}

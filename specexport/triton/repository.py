@@ -21,7 +21,8 @@ from .pbtxt import ModelConfig, Tensor
 
 # Names, types and shapes follow TensorRT-LLM's Triton ensemble (all_models/inflight_batcher_llm/ensemble) where they
 # mean the same: text_input, max_tokens, temperature, top_k, top_p, seed / random_seed (UINT64), stop_words, end_id,
-# stream. Ours besides: input_ids, stop (= stop_words), chat. Every input is optional (the model checks the prompt).
+# stream; beam_width and exclude_input_in_output at the one value we serve (1, true). Ours besides: input_ids, stop
+# (= stop_words), chat. Every input is optional (the model checks the prompt).
 INPUTS = [
     Tensor("text_input", "TYPE_STRING", (1,), optional=True),
     Tensor("input_ids", "TYPE_INT64", (-1,), optional=True),
@@ -34,6 +35,8 @@ INPUTS = [
     Tensor("stop", "TYPE_STRING", (-1,), optional=True),
     Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),  # TensorRT-LLM's name for stop
     Tensor("end_id", "TYPE_INT32", (1,), optional=True),  # one more stop token id (-1: none)
+    Tensor("beam_width", "TYPE_INT32", (1,), optional=True),  # TensorRT-LLM's clients send 1; only 1 is served
+    Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),  # only true: outputs never echo the prompt
     Tensor("stream", "TYPE_BOOL", (1,), optional=True),
     Tensor("chat", "TYPE_BOOL", (1,), optional=True),
 ]

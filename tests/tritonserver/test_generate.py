@@ -118,7 +118,7 @@ def test_tensorrt_llm_curl_example(server, offline):
 def test_tensorrt_llm_shaped_grpc_requests(server, offline):
     """Tensors shaped and typed as TensorRT-LLM's end_to_end_grpc_client sends them to the ensemble: [1, 1] with the
     batch dimension, text_input BYTES, max_tokens INT32, stream BOOL, temperature FP32, random_seed UINT64,
-    stop_words BYTES [1, n], end_id INT32."""
+    stop_words BYTES [1, n], end_id INT32, beam_width INT32, exclude_input_in_output BOOL."""
     def trt(prompt, max_tokens, **extra):
         t = {"text_input": (np.array([[prompt]]).astype(object), "BYTES"),
              "max_tokens": (np.ones((1, 1), dtype=np.int32) * max_tokens, "INT32"),
@@ -129,7 +129,8 @@ def test_tensorrt_llm_shaped_grpc_requests(server, offline):
                 t[name] = (np.array([value], dtype=object), "BYTES")
             else:
                 dtype = {"random_seed": (np.uint64, "UINT64"), "seed": (np.uint64, "UINT64"),
-                         "end_id": (np.int32, "INT32"), "top_k": (np.int32, "INT32"), "top_p": (np.float32, "FP32")}
+                         "end_id": (np.int32, "INT32"), "top_k": (np.int32, "INT32"), "top_p": (np.float32, "FP32"),
+                         "beam_width": (np.int32, "INT32"), "exclude_input_in_output": (bool, "BOOL")}
                 t[name] = (np.array([[value]], dtype=dtype[name][0]), dtype[name][1])
         return generate(server.grpc_url, "specexport", timeout=120, **t)
 
@@ -154,6 +155,11 @@ def test_tensorrt_llm_shaped_grpc_requests(server, offline):
     assert r.error is None and r.token_ids == local.token_ids and r.stats["finish_reason"] == "stop"
     r = trt(PROMPTS[1], 20, end_id=-1)  # TensorRT-LLM's "no end id"
     assert r.error is None and r.token_ids == ref.token_ids
+
+    r = trt(PROMPTS[1], 20, beam_width=1, exclude_input_in_output=True)  # what their client adds: what we do
+    assert r.error is None and r.token_ids == ref.token_ids
+    assert "beam_width must be 1" in trt(PROMPTS[1], 20, beam_width=2).error
+    assert "exclude_input_in_output=false is not supported" in trt(PROMPTS[1], 20, exclude_input_in_output=False).error
 
 
 def test_one_prompt_per_request(server, offline):

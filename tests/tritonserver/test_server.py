@@ -128,7 +128,8 @@ def test_model_config_is_decoupled_python(server):
     assert cfg["max_batch_size"] == 1  # tensors carry a batch dimension of 1, as TensorRT-LLM's clients send them
     assert {i["name"] for i in cfg["input"]} >= {"text_input", "input_ids", "max_tokens", "temperature", "top_k",
                                                   "top_p", "seed", "stop", "stream", "chat", "random_seed",
-                                                  "stop_words", "end_id"}
+                                                  "stop_words", "end_id", "beam_width",
+                                                  "exclude_input_in_output"}
     types = {i["name"]: (i["data_type"], i["dims"]) for i in cfg["input"]}
     assert types["random_seed"] == types["seed"] == ("TYPE_UINT64", [1])  # TensorRT-LLM's ensemble
     assert types["stop_words"] == ("TYPE_STRING", [-1]) and types["end_id"] == ("TYPE_INT32", [1])
