@@ -4,6 +4,7 @@ per-request stats the model returns. Only these tests use the `metered` model (k
 import json
 import queue
 import re
+import socket
 import time
 import urllib.request
 
@@ -79,9 +80,33 @@ def test_metrics_count_what_the_requests_returned(server):
     assert value(after, "num_requests_running") == 0 and value(after, "num_requests_waiting") == 0
 
 
-def test_a_cancelled_request_counts_as_cancelled(server):
+def grpc_victim(server):
+    """A streaming gRPC request; cancel() cancels it (tritonclient's stop_stream with cancel_requests)."""
+    import tritonclient.grpc as g
+    c = g.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: None)
+    c.async_stream_infer(MODEL, inputs("w7", max_tokens=90), request_id="victim")
+
+    def cancel():
+        c.stop_stream(cancel_requests=True)
+        c.close()
+    return cancel
+
+
+def http_victim(server):
+    """A generate_stream request over a raw socket; cancel() closes the connection without reading."""
+    body = json.dumps({"text_input": "w7", "max_tokens": 90, "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    s.sendall(f"POST /v2/models/{MODEL}/generate_stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s.close
+
+
+@pytest.mark.parametrize("victim", [grpc_victim, http_victim], ids=["grpc-cancel", "http-disconnect"])
+def test_a_cancelled_request_counts_as_cancelled(server, victim):
     """One cache row: a queue of long requests, then one more that is cancelled once the model holds it (Triton has
-    executed every request); it leaves the queue as cancelled, the others finish by length."""
+    executed every request); it leaves the queue as cancelled, the others finish by length. Over gRPC the client
+    cancels; over HTTP (generate_stream) it hangs up, which Triton passes on as a cancellation."""
     import tritonclient.grpc as g
     before = scrape(server)
     queued = 32  # each 90 tokens: the victim waits a while behind them
@@ -90,9 +115,7 @@ def test_a_cancelled_request_counts_as_cancelled(server):
     c.start_stream(callback=lambda result, error: done.put((result, error)))
     for i in range(queued):
         c.async_stream_infer(MODEL, inputs("w7", max_tokens=90), request_id=str(i))
-    victim = g.InferenceServerClient(server.grpc_url)
-    victim.start_stream(callback=lambda result, error: None)
-    victim.async_stream_infer(MODEL, inputs("w7", max_tokens=90), request_id="victim")
+    cancel = victim(server)
     executed = lambda m: m.get(("nv_inference_exec_count", frozenset({("version", "1")})), 0.0)  # noqa: E731
     deadline = time.time() + 60
     while time.time() < deadline:  # until the model holds the victim (its execute has returned)
@@ -100,8 +123,7 @@ def test_a_cancelled_request_counts_as_cancelled(server):
         if executed(now) - executed(before) >= queued + 1:
             break
     assert value(now, "num_requests_waiting") >= 1  # the victim at least
-    victim.stop_stream(cancel_requests=True)
-    victim.close()
+    cancel()
     for _ in range(queued):
         result, error = done.get(timeout=120)
         assert error is None
