@@ -6,9 +6,10 @@ request gets a response per step that commits tokens (stream=true) or one respon
 response carries the request's stats. A bad request gets an error response; the model keeps serving.
 
 Inputs take our names and TensorRT-LLM's ensemble names where they mean the same (random_seed = seed,
-stop_words = stop, end_id: one more stop token id; beam_width 1 and exclude_input_in_output true, what we do); max_batch_size 1, so tensors carry a batch dimension of 1
-(as TensorRT-LLM's clients send them; Triton's generate endpoints add it themselves). The batcher's SpecMetrics
-are mirrored into Triton's metrics endpoint through the python backend's metrics API.
+stop_words = stop, end_id: one more stop token id; beam_width 1 and exclude_input_in_output true, what we do).
+max_batch_size is 1, so tensors carry a batch dimension of 1 (as TensorRT-LLM's clients send them; Triton's
+generate endpoints add it themselves). The batcher's SpecMetrics are mirrored into Triton's metrics endpoint
+through the python backend's metrics API.
 """
 
 import json
