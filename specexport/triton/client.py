@@ -25,14 +25,15 @@ class Result:
 
 TYPES = {"max_tokens": ("INT32", np.int32), "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32),
          "top_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64), "random_seed": ("UINT64", np.uint64),
-         "end_id": ("INT32", np.int32), "stream": ("BOOL", np.bool_), "chat": ("BOOL", np.bool_)}
+         "end_id": ("INT32", np.int32), "stream": ("BOOL", np.bool_), "chat": ("BOOL", np.bool_),
+         "beam_width": ("INT32", np.int32), "exclude_input_in_output": ("BOOL", np.bool_)}
 
 
 def inputs(prompt: str | list[int] | None = None, **params) -> list:
     """prompt: text (text_input) or ids (input_ids); params: max_tokens, temperature, top_k, top_p, seed (or
-    random_seed), stop or stop_words (lists of strings), end_id, stream, chat. Every tensor gets the batch
-    dimension of 1 that the model's config (max_batch_size 1) asks for; a value given as (numpy array, triton
-    dtype) is sent as is."""
+    random_seed), stop or stop_words (lists of strings), end_id, stream, chat, beam_width, exclude_input_in_output.
+    Every tensor gets the batch dimension of 1 that the model's config (max_batch_size 1) asks for; a value given
+    as (numpy array, triton dtype) is sent as is."""
     import tritonclient.grpc as g
     out = []
 
