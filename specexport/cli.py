@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", choices=BACKENDS, default=None, help="default: onnxruntime when the engine has ONNX")
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--k", type=_k_arg, default=None,
-                   help="one of the engine's k values, or auto (default: the largest)")
+                   help="one of the engine's k values, or auto (the default: chosen per step from measured costs "
+                        "and acceptance)")
     t.add_argument("--target-only", action="store_true", help="serve without speculation (for comparisons)")
     t.add_argument("--prepack", action="store_true", help="onnxruntime weight pre-packing (see generate --prepack)")
     t.add_argument("--standalone", action="store_true",

@@ -76,13 +76,16 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--prepack", action="store_true")
+    ap.add_argument("--k", default="auto", help="the speculative model's k: auto (the repository default) or one "
+                                                "of the engine's k values")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args()
     rows = [json.loads(line)["prompt"] for line in Path(a.prompts).read_text().splitlines() if line.strip()]
     prompts = [rows[i % len(rows)] for i in range(a.requests)]
     repo = Path(tempfile.mkdtemp(prefix="specexport-bench-repo-"))
     for name, spec in (("speculative", True), ("target_only", False)):
-        write_repository(a.engine, str(repo), name=name, threads=a.threads, speculative=spec, prepack=a.prepack)
+        write_repository(a.engine, str(repo), name=name, threads=a.threads, speculative=spec, prepack=a.prepack,
+                         k=a.k if a.k == "auto" else int(a.k))
     server = start_server(str(repo))
     levels = [int(c) for c in a.clients.split(",")]
     report = {"args": vars(a), "levels": []}

@@ -23,13 +23,18 @@ class Result:
     latency_s: float | None = None  # request sent -> final response
 
 
+TYPES = {"max_tokens": ("INT32", np.int32), "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32),
+         "top_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64), "random_seed": ("UINT64", np.uint64),
+         "end_id": ("INT32", np.int32), "stream": ("BOOL", np.bool_), "chat": ("BOOL", np.bool_),
+         "beam_width": ("INT32", np.int32), "exclude_input_in_output": ("BOOL", np.bool_)}
+
+
 def inputs(prompt: str | list[int] | None = None, **params) -> list:
-    """prompt: text (text_input) or ids (input_ids); params: max_tokens, temperature, top_k, top_p, seed,
-    stop (list of strings), stream, chat. A value given as (numpy array, triton dtype) is sent as is."""
+    """prompt: text (text_input) or ids (input_ids); params: max_tokens, temperature, top_k, top_p, seed (or
+    random_seed), stop or stop_words (lists of strings), end_id, stream, chat, beam_width, exclude_input_in_output.
+    Every tensor gets the batch dimension of 1 that the model's config (max_batch_size 1) asks for; a value given
+    as (numpy array, triton dtype) is sent as is."""
     import tritonclient.grpc as g
-    types = {"max_tokens": ("INT32", np.int32), "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32),
-             "top_p": ("FP32", np.float32), "seed": ("INT64", np.int64), "stream": ("BOOL", np.bool_),
-             "chat": ("BOOL", np.bool_)}
     out = []
 
     def add(name, arr, dtype):
@@ -38,16 +43,16 @@ def inputs(prompt: str | list[int] | None = None, **params) -> list:
         out.append(x)
 
     if isinstance(prompt, str):
-        add("text_input", np.array([prompt.encode()], dtype=np.object_), "BYTES")
+        add("text_input", np.array([[prompt.encode()]], dtype=np.object_), "BYTES")
     elif prompt is not None:
-        add("input_ids", np.array(prompt, dtype=np.int64), "INT64")
+        add("input_ids", np.array([prompt], dtype=np.int64), "INT64")
     for name, value in params.items():
         if isinstance(value, tuple):
             add(name, *value)
-        elif name == "stop":
-            add(name, np.array([s.encode() for s in value], dtype=np.object_), "BYTES")
+        elif name in ("stop", "stop_words"):
+            add(name, np.array([[s.encode() for s in value]], dtype=np.object_), "BYTES")
         else:
-            add(name, np.array([value], dtype=types[name][1]), types[name][0])
+            add(name, np.array([[value]], dtype=TYPES[name][1]), TYPES[name][0])
     return out
 
 
@@ -66,17 +71,17 @@ def generate(url: str, model: str, prompt=None, timeout: float = 300.0, **params
             if error is not None:
                 res.error = str(error)
                 break
-            ids = result.as_numpy("output_ids")
+            ids = result.as_numpy("output_ids")  # [1, n]: the batch dimension, then the tokens
             text = result.as_numpy("text_output")
-            if ids is not None and len(ids):
+            if ids is not None and ids.size:
                 res.ttft_s = res.ttft_s if res.ttft_s is not None else t - t0
-                res.token_ids += [int(x) for x in ids]
+                res.token_ids += [int(x) for x in ids.reshape(-1)]
             if text is not None:
-                res.text += text[0].decode("utf-8")
+                res.text += text.reshape(-1)[0].decode("utf-8")
             res.chunks += 1
             if result.as_numpy("finish_reason") is not None:
                 for name in STATS:
-                    v = result.as_numpy(name)[0]
+                    v = result.as_numpy(name).reshape(-1)[0]
                     res.stats[name] = v.decode() if isinstance(v, bytes) else v.item()
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break

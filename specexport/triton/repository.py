@@ -1,6 +1,6 @@
 """`specexport triton`: write a Triton model repository for an engine folder.
 
-<repo>/<name>/config.pbtxt      python backend, decoupled, generated from the typed data below
+<repo>/<name>/config.pbtxt      python backend, decoupled, max_batch_size 1, generated from the typed data below
 <repo>/<name>/1/model.py        specexport/triton/model.py (the runtime in-process, continuous batching)
 <repo>/<name>/1/engine/         the engine folder (hard links where the filesystem allows, else copies)
 With standalone=True, also <repo>/<name>_<role>_<graph>/ for every ONNX step graph, with an onnxruntime
@@ -19,6 +19,10 @@ from ..errors import SpecExportError
 from ..export.manifest import read_manifest
 from .pbtxt import ModelConfig, Tensor
 
+# Names, types and shapes follow TensorRT-LLM's Triton ensemble (all_models/inflight_batcher_llm/ensemble) where they
+# mean the same: text_input, max_tokens, temperature, top_k, top_p, seed / random_seed (UINT64), stop_words, end_id,
+# stream; beam_width and exclude_input_in_output at the one value we serve (1, true). Ours besides: input_ids, stop
+# (= stop_words), chat. Every input is optional (the model checks the prompt).
 INPUTS = [
     Tensor("text_input", "TYPE_STRING", (1,), optional=True),
     Tensor("input_ids", "TYPE_INT64", (-1,), optional=True),
@@ -26,11 +30,19 @@ INPUTS = [
     Tensor("temperature", "TYPE_FP32", (1,), optional=True),
     Tensor("top_k", "TYPE_INT32", (1,), optional=True),
     Tensor("top_p", "TYPE_FP32", (1,), optional=True),
-    Tensor("seed", "TYPE_INT64", (1,), optional=True),
+    Tensor("seed", "TYPE_UINT64", (1,), optional=True),
+    Tensor("random_seed", "TYPE_UINT64", (1,), optional=True),  # TensorRT-LLM's older name for seed
     Tensor("stop", "TYPE_STRING", (-1,), optional=True),
+    Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),  # TensorRT-LLM's name for stop
+    Tensor("end_id", "TYPE_INT32", (1,), optional=True),  # one more stop token id (-1: none)
+    Tensor("beam_width", "TYPE_INT32", (1,), optional=True),  # TensorRT-LLM's clients send 1; only 1 is served
+    Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),  # only true: outputs never echo the prompt
     Tensor("stream", "TYPE_BOOL", (1,), optional=True),
     Tensor("chat", "TYPE_BOOL", (1,), optional=True),
 ]
+# One request is one prompt: with max_batch_size 1 every tensor has a leading batch dimension of 1 ([1, 1] for a
+# scalar), the shape TensorRT-LLM's clients and perf_analyzer send; concurrent requests are batched by the model.
+MAX_BATCH_SIZE = 1
 OUTPUTS = [
     Tensor("text_output", "TYPE_STRING", (1,)),
     Tensor("output_ids", "TYPE_INT64", (-1,)),
@@ -72,9 +84,10 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 def write_repository(engine_dir: str, repo: str, name: str = "specexport", instances: int = 1,
                      max_batch: int | None = None, backend: str | None = None, threads: int | None = None,
-                     speculative: bool = True, k: int | str | None = None, prepack: bool = False,
+                     speculative: bool = True, k: int | str | None = "auto", prepack: bool = False,
                      python_path: list[str] | None = None, standalone: bool = False) -> dict:
     m = read_manifest(engine_dir)
+    k = "auto" if k is None else k  # a new repository chooses k per step unless told otherwise
     if backend is None:
         backend = "onnxruntime" if m["models"]["target"]["graphs"] else "torch"
     if backend not in ("onnxruntime", "torch", "torchscript"):
@@ -98,9 +111,9 @@ def write_repository(engine_dir: str, repo: str, name: str = "specexport", insta
         params["max_batch"] = str(max_batch)
     if threads:
         params["threads"] = str(threads)
-    if k:
-        params["k"] = str(k)
-    cfg = ModelConfig(name, "python", INPUTS, OUTPUTS, decoupled=True, instances=instances, parameters=params)
+    params["k"] = str(k)
+    cfg = ModelConfig(name, "python", INPUTS, OUTPUTS, max_batch_size=MAX_BATCH_SIZE, decoupled=True,
+                      instances=instances, parameters=params)
     (root / "config.pbtxt").write_text(cfg.to_pbtxt())
     models = [name]
     if standalone:

@@ -43,6 +43,8 @@ def test_greedy_text_and_ids_equal_the_offline_runtime(server, offline):
     target_only = call(server, PROMPTS[1], model="target_only", max_tokens=20)
     assert target_only.token_ids == offline.generate(PROMPTS[1], 20)[0].token_ids
     assert target_only.stats["drafted"] == 0
+    auto = call(server, PROMPTS[1], model="auto", max_tokens=20)  # the default k=auto: the same tokens
+    assert auto.error is None and auto.token_ids == offline.generate(PROMPTS[1], 20)[0].token_ids
 
 
 def test_streaming_gives_the_same_tokens(server):
@@ -97,7 +99,7 @@ def test_stop_strings_end_the_text_without_leaking(server, offline):
 
 @pytest.mark.parametrize("prompt,params,message", [
     (None, dict(max_tokens=4), "pass exactly one of text_input"),
-    ([1, 2, 3], dict(max_tokens=(np.array([4.0], dtype=np.float32), "FP32")), "max_tokens"),
+    ([1, 2, 3], dict(max_tokens=(np.array([[4.0]], dtype=np.float32), "FP32")), "max_tokens"),
     ("w1 " * 120, dict(max_tokens=4), "max_seq_len"),
     ("w1 w2", dict(max_tokens=0), "max_tokens must be >= 1"),
     ("w1 w2", dict(max_tokens=4, temperature=-0.5), "temperature must be >= 0"),
@@ -123,8 +125,17 @@ def test_model_config_is_decoupled_python(server):
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/specexport/config", timeout=10) as r:
         cfg = json.loads(r.read())
     assert cfg["backend"] == "python" and cfg["model_transaction_policy"]["decoupled"] is True
+    assert cfg["max_batch_size"] == 1  # tensors carry a batch dimension of 1, as TensorRT-LLM's clients send them
     assert {i["name"] for i in cfg["input"]} >= {"text_input", "input_ids", "max_tokens", "temperature", "top_k",
-                                                  "top_p", "seed", "stop", "stream", "chat"}
+                                                  "top_p", "seed", "stop", "stream", "chat", "random_seed",
+                                                  "stop_words", "end_id", "beam_width",
+                                                  "exclude_input_in_output"}
+    types = {i["name"]: (i["data_type"], i["dims"]) for i in cfg["input"]}
+    assert types["random_seed"] == types["seed"] == ("TYPE_UINT64", [1])  # TensorRT-LLM's ensemble
+    assert types["stop_words"] == ("TYPE_STRING", [-1]) and types["end_id"] == ("TYPE_INT32", [1])
+    assert cfg["parameters"]["k"]["string_value"] == "3"
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/auto/config", timeout=10) as r:
+        assert json.loads(r.read())["parameters"]["k"]["string_value"] == "auto"  # the default
 
 
 def test_cli_writes_a_repository(texty_engine, tmp_path):
@@ -136,6 +147,7 @@ def test_cli_writes_a_repository(texty_engine, tmp_path):
     assert out["models"][0] == "m" and "m_target_verify_k3_greedy" in out["models"]
     cfg = (tmp_path / "m" / "config.pbtxt").read_text()
     assert "decoupled: true" in cfg and "count: 2" in cfg and '\\"/a\\", \\"/b\\"' in cfg
+    assert 'key: "k" value: { string_value: "auto" }' in cfg and "max_batch_size: 1" in cfg  # the defaults
     assert (tmp_path / "m" / "1" / "engine" / "manifest.json").exists()
     standalone = (tmp_path / "m_target_verify_k3_greedy" / "config.pbtxt").read_text()
     assert 'backend: "onnxruntime"' in standalone and 'name: "key_out.0"' in standalone
