@@ -1,5 +1,5 @@
 """The lean runtime: loading an ONNX engine and running it (generate, stream, k="auto", the continuous batcher,
-the Triton model's imports and initialize) imports neither torch nor transformers, and gives exactly the tokens
+the Triton model's initialize, the OpenAI server's app) imports neither torch nor transformers, and gives exactly the tokens
 the same engine gives in this (torch-side) process, and greedy tokens equal to the eager torch backend's."""
 
 import json
@@ -66,12 +66,29 @@ import json, sys, types
 engine, text = sys.argv[1], sys.argv[2] == "1"
 pb = types.ModuleType("triton_python_backend_utils")  # the Triton python backend's module, outside Triton
 pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class MetricFamily:  # the metrics API's shape: families of labelled series that increment
+    COUNTER, GAUGE = "counter", "gauge"
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels):
+        return types.SimpleNamespace(increment=lambda v: None, set=lambda v: None)
+
+
+pb.MetricFamily = MetricFamily
 sys.modules["triton_python_backend_utils"] = pb
 from specexport import SpeculativeDecoder
 import specexport.triton.model as tm
 model = tm.TritonPythonModel()  # Triton's model: its imports, the decoder and its batcher, then shut down
-model.initialize({"model_config": json.dumps({"parameters": {"engine": {"string_value": engine}}})})
+model.initialize({"model_config": json.dumps({"parameters": {"engine": {"string_value": engine}}}),
+                  "model_name": "specexport", "model_version": "1"})
 model.finalize()
+if text:  # the OpenAI server's app over the engine (it needs a tokenizer), then shut down
+    from specexport.serve.openai_server import OpenAIServer
+    OpenAIServer(SpeculativeDecoder.load(engine, backend="onnxruntime"), "m").close()
 ns = {}
 exec(RUN, ns)
 out = ns["run_all"](SpeculativeDecoder.load(engine, backend="onnxruntime"), text)
