@@ -164,7 +164,8 @@ class SpeculativeDecoder:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _prepare(self, prompts, max_new_tokens, sampling, chat, stop_token_ids, stop=()) -> list[Request]:
+    def _prepare(self, prompts, max_new_tokens, sampling, chat, stop_token_ids, stop=(),
+                 ignore_eos: bool = False) -> list[Request]:
         single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))
         prompts = [prompts] if single else list(prompts)
         cfg, V = self.config, self.target.vocab_size
@@ -184,7 +185,8 @@ class SpeculativeDecoder:
         if not self.can_sample and not all(s.greedy for s in sampling):
             raise SpecExportError("this engine was built with --greedy-only, so it cannot sample (temperature > 0): "
                                   "use temperature 0, or rebuild without --greedy-only")
-        stop_ids = self.eos_token_ids | frozenset(int(t) for t in stop_token_ids)
+        # ignore_eos (benchmarks with fixed output lengths, as vLLM's): EOS does not end the generation
+        stop_ids = (frozenset() if ignore_eos else self.eos_token_ids) | frozenset(int(t) for t in stop_token_ids)
         stop = tuple(stop)
         if stop and (self.tokenizer is None or not all(isinstance(s, str) and s for s in stop)):
             raise SpecExportError("stop strings need non-empty strings and a model with a tokenizer; "

@@ -59,13 +59,14 @@ class ContinuousBatcher:
     def submit(self, prompt, on_chunk: Callable[[Chunk], None], max_new_tokens: int = 128,
                sampling: SamplingParams | None = None, chat: bool = False, stop: Sequence[str] = (),
                stop_token_ids: Sequence[int] = (), is_cancelled: Callable[[], bool] | None = None,
-               block: bool = True) -> None:
+               block: bool = True, ignore_eos: bool = False) -> None:
         """Check the request (a bad one raises SpecExportError here, before it queues), then queue it.
         is_cancelled: polled at step boundaries; a cancelled request leaves the batch (finish_reason
-        'cancelled') and frees its row. block=False: a full queue raises QueueFull instead of waiting."""
+        'cancelled') and frees its row. block=False: a full queue raises QueueFull instead of waiting.
+        ignore_eos: the model's EOS tokens do not end the request (fixed-length benchmarks)."""
         if not self._thread.is_alive():
             raise SpecExportError("the batcher has stopped: restart the model")
-        req = self.dec._prepare([prompt], max_new_tokens, sampling, chat, stop_token_ids, stop)[0]
+        req = self.dec._prepare([prompt], max_new_tokens, sampling, chat, stop_token_ids, stop, ignore_eos)[0]
         if is_cancelled is not None:
             self._cancelled[id(req)] = is_cancelled
         while True:  # blocks while the queue is full (back-pressure), but not past close()

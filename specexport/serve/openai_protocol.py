@@ -46,6 +46,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    ignore_eos: bool = False  # vLLM's extension: EOS does not end the answer (fixed-length benchmarks)
 
 
 # ---- field checks ---------------------------------------------------------------------------------------
@@ -104,6 +105,8 @@ def _unsupported(body: dict) -> None:
          "response_format other than {\"type\": \"text\"} is not supported"),
         ("audio", lambda v: v is not None, "audio output is not supported"),
         ("modalities", lambda v: v not in (None, ["text"]), "only the text modality is supported"),
+        ("min_tokens", lambda v: v not in (None, 0), "min_tokens is not supported (it would mask EOS inside the "
+         "target's distribution): use ignore_eos for fixed-length answers"),
     ]
     for name, refused, message in checks:
         if name in body and refused(body[name]):
@@ -149,7 +152,7 @@ def _common(body: dict, default_temperature: float) -> dict:
             raise bad("'stream_options' must be an object", "stream_options")
         include_usage = _bool(opts, "include_usage")
     return dict(max_tokens=b if b is not None else a, sampling=_sampling(body, default_temperature),
-                stop=_stop(body), stream=stream, include_usage=include_usage)
+                stop=_stop(body), stream=stream, include_usage=include_usage, ignore_eos=_bool(body, "ignore_eos"))
 
 
 def parse_completion(body: dict, default_temperature: float) -> GenRequest:

@@ -73,7 +73,7 @@ class OpenAIServer:
                 max_tokens = max(self.dec.config.max_seq_len - len(ids), 1)
             self.batcher.submit(ids, lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c),
                                 max_new_tokens=max_tokens, sampling=g.sampling, stop=g.stop,
-                                is_cancelled=cancelled.is_set, block=False)
+                                is_cancelled=cancelled.is_set, block=False, ignore_eos=g.ignore_eos)
         except QueueFull as e:
             raise ApiError(429, str(e), code="rate_limit_exceeded", kind="rate_limit_error",
                            headers={"Retry-After": "1"}) from None
