@@ -30,8 +30,8 @@ Extra genai-perf arguments go after `--` (they apply to every run).
 The full run (1, 4, 16 clients, 32 requests each, 64 tokens) should take roughly 15 minutes (estimated from
 the smoke runs, not measured) for SmolLM2-135M on 2 CPU cores; run it on a quiet machine.
 
-Output lengths: genai-perf asks for max_tokens = --max-tokens; the model may stop earlier at an end-of-sequence
-token (neither server ignores EOS), so the table also shows the mean output length genai-perf counted (its own
+Output lengths: genai-perf asks for max_tokens = --max-tokens; the OpenAI server is sent ignore_eos (every answer
+runs to max_tokens), the Triton model may stop earlier at an end-of-sequence token, so the table also shows the mean output length genai-perf counted (its own
 re-tokenization of the streamed text). Both servers decode greedily here (temperature 0 is sent to the
 OpenAI server; the Triton model's default is 0), so speculative and target-only produce the same text.
 """
@@ -211,7 +211,7 @@ def openai_phase(a, engine: Path, work: Path) -> list[dict]:
             for name, _ in VARIANTS:
                 kind = (["--service-kind", "openai"] if a.old_cli else []) + [
                     "--endpoint-type", a.endpoint_type, "--url", f"127.0.0.1:{ports[name]}",
-                    "--extra-inputs", "temperature:0"]
+                    "--extra-inputs", "temperature:0", "--extra-inputs", "ignore_eos:true"]
                 log(f"genai-perf openai/{name} x{clients}")
                 rows.append(run_genai_perf(a, label=f"openai/{name}", model=name, kind_args=kind, clients=clients,
                                            art=work / f"openai-{name}-c{clients}"))
