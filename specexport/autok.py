@@ -228,11 +228,12 @@ class AutoK:
 
     # ---- choices -----------------------------------------------------------------------------------------
 
-    def plan(self, B: int, rows: list[RowState], missing: int = 0) -> int:
+    def plan(self, B: int, rows: list[RowState], missing: int = 0, free: bool | None = None) -> int:
         """The k to draft before the step (lookup: the largest, its proposals are free; `width` then picks
-        what to verify). missing: committed tokens a draft model has not seen (its catch-up)."""
+        what to verify). missing: committed tokens a draft model has not seen (its catch-up). free: this step's
+        proposals cost no pass (default: the drafter's kind; a hybrid step where every row matched lookup)."""
         self.steps += 1
-        if self.free_drafts:
+        if self.free_drafts if free is None else free:
             return max(self.ks)
         c0 = self.verify_cost(0, B)
         if c0 is None:

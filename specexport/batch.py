@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .autok import RowState
-from .drafters import DraftInputs
+from .drafters import DraftInputs, HybridDrafter, Proposal
 from .request import GenerationStats, Request
 from .sampling import SamplingRows, process_logits, row_stream, sample_from
 
@@ -174,14 +174,15 @@ class Batch:
             need = [b for b in need if self.draft_valid[b] < self.lengths[b] - 2]
         return missing
 
-    def _plan_k(self, rows: list[int], B: int) -> int:
-        """The k to draft this step (0: a target-only step)."""
+    def _plan_k(self, rows: list[int], B: int, free: bool = False) -> int:
+        """The k to draft this step (0: a target-only step). free: every row has a free (lookup) proposal."""
         if not self.speculative:
             return 0
         if self.auto is None:
             return self.k
-        missing = 0 if self.auto.free_drafts else sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
-        return self.auto.plan(B, [self.acc[b] for b in rows], missing)
+        free = free or self.auto.free_drafts
+        missing = 0 if free else sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
+        return self.auto.plan(B, [self.acc[b] for b in rows], missing, free)
 
     def _verify_k(self, longest: int, k: int) -> int:
         """The verify width for drafts of at most `longest` tokens: fixed-shape engines take the smallest
@@ -199,27 +200,39 @@ class Batch:
         if not rows:
             return []
         B = rows[-1] + 1
-        k = self._plan_k(rows, B)  # 0: a target-only step
-        model_draft = getattr(dec.drafter, "engine", None) is not None
-        catch_up_s, caught_up = 0.0, 0
-        if k and model_draft:  # a draft model: KV up to date first
-            t = time.perf_counter()
-            caught_up = self._catch_up_draft(rows, B)
-            catch_up_s = time.perf_counter() - t
         t0 = time.perf_counter()
+        d = dec.drafter
         sampling = self._sampling(rows, B)
         past_len, current = self.past_len[:B], self.current[:B]
         past_max = max(self.lengths[b] - 1 for b in rows)  # == max(past_len), known on the host without a sync
+        last_two = np.stack([self.prev[:B], current], 1)  # [B, 2]
+        lk = use = None
+        if self.speculative and isinstance(d, HybridDrafter):  # lookup first (no pass): where every row matched,
+            lk, use = d.lookups(DraftInputs(last_two, past_len, 0, self.history[:B], self.lengths[:B], None, None),
+                                self.k)  # the draft model does not run
+            use = [u or self.reqs[b] is None for b, u in enumerate(use)]
+        free = lk is not None and all(use)
+        k = self._plan_k(rows, B, free)  # 0: a target-only step
+        catch_up_s, caught_up = 0.0, 0
+        if k and not free and getattr(d, "engine", None) is not None:  # a draft model: KV up to date first
+            t = time.perf_counter()
+            caught_up = self._catch_up_draft(rows, B)
+            catch_up_s = time.perf_counter() - t
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
-        longest, shadow, source = 0, None, [0] * B
+        longest, shadow, source, model_ran = 0, None, [0] * B, False
         if k:
-            x = DraftInputs(np.stack([self.prev[:B], current], 1), past_len, past_max + k + 1, self.history[:B],
-                            self.lengths[:B], sampling, u[:, :k])
-            prop = dec.drafter.propose(x, k)
+            x = DraftInputs(last_two, past_len, past_max + k + 1, self.history[:B], self.lengths[:B], sampling,
+                            u[:, :k])
+            if lk is None:
+                prop = d.propose(x, k)
+            elif free:
+                prop = _cut(lk, k)
+            else:
+                prop = d.merge(_cut(lk, k), use, d.model.propose(x, k), sampling)
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
-            source = prop.source or [0] * B
-            if self.auto is not None and self.auto.free_drafts and longest:  # free proposals: choose what to verify
+            source, model_ran = prop.source or [0] * B, prop.model_ran
+            if self.auto is not None and not model_ran and longest:  # free proposals: choose what to verify
                 lens = draft_len.tolist()
                 capped = [min(lens[b], self.auto.cap(self.acc[b], source[b])) for b in range(B)]
                 j = self.auto.width(B, [self.acc[b] for b in rows], [capped[b] for b in rows],
@@ -260,6 +273,10 @@ class Batch:
             st.proposed_hist[proposed] += 1
             ran = kd if self.auto is not None else k
             st.k_steps[ran] = st.k_steps.get(ran, 0) + 1
+            if proposed:  # which drafter proposed this row's draft
+                by = "model" if model_ran and source[b] == 0 else "prompt-lookup"
+                st.drafted_by[by] = st.drafted_by.get(by, 0) + proposed
+                st.accepted_by[by] = st.accepted_by.get(by, 0) + n
             if self.auto is not None:
                 if proposed:
                     self.auto.observe_row(self.acc[b], source[b], n, n < proposed)
@@ -278,21 +295,30 @@ class Batch:
             self.prev[:B] = current
         self.past_len[:B] = past_len + n_acc + 1
         self.current[:B] = nxt
-        if k:  # the draft model saw every committed position but the last two
+        if model_ran:  # the draft model saw every committed position but the last two
             for b in rows:
                 self.draft_valid[b] = self.lengths[b] - 2
         t3 = time.perf_counter()
         if self.auto is not None:
-            self.auto.observe_costs(B, kd, t3 - t1, k if model_draft else 0, t1 - t0, caught_up, catch_up_s)
+            self.auto.observe_costs(B, kd, t3 - t1, k if model_ran else 0, t1 - t0 - catch_up_s, caught_up,
+                                    catch_up_s)
             self.auto.end_step(k, [self.acc[b] for b in rows])
         for r, _ in events:
-            r.stats.draft_s += t1 - t0 + catch_up_s
+            r.stats.draft_s += t1 - t0
             r.stats.verify_s += t2 - t1
             r.stats.host_s += t3 - t2
         for b in rows:
             if self.reqs[b].finish_reason is not None:
                 self._release(b)
         return events
+
+
+def _cut(p: Proposal, k: int) -> Proposal:
+    """A free proposal made at a larger width, cut to k tokens."""
+    if p.draft.shape[1] == k:
+        return p
+    draft_len = np.minimum(p.draft_len, k)
+    return Proposal(p.draft[:, :k], None, draft_len, int(draft_len.max()), p.source)
 
 
 def _contiguous(rows: list[int]) -> list[list[int]]:

@@ -51,9 +51,11 @@ def _decoder(a):
             raise SpecExportError("an engine folder fixes the models and shapes: drop --target/--draft/--max-seq-len/"
                                   "--max-batch/--prefill-chunk/--dtype, or drop ENGINE_DIR to run checkpoints")
         opts = {"prepack": True} if a.prepack else {}
+        if a.drafter:
+            opts["drafter"] = a.drafter
         return SpeculativeDecoder.load(a.engine, backend=a.backend or "onnxruntime", threads=a.threads, **opts)
-    if a.prepack:
-        raise SpecExportError("--prepack applies to onnxruntime engines: pass an ENGINE_DIR, or drop --prepack")
+    if a.prepack or a.drafter:
+        raise SpecExportError("--prepack and --drafter apply to engine folders: pass an ENGINE_DIR, or drop them")
     if a.backend not in (None, "torch"):
         raise SpecExportError(f"--backend {a.backend} runs engine folders: build one with specexport build and pass "
                               "it as ENGINE_DIR")
@@ -68,6 +70,8 @@ def _stats_line(st) -> str:
             f"accepted {st.accepted} ({st.acceptance_rate:.0%}) | {st.mean_committed_per_step:.2f} tokens/step | "
             f"accept histogram {st.accept_hist} | "
             + (f"steps per k {dict(sorted(st.k_steps.items()))} | " if st.k == "auto" else "")
+            + (" | ".join(f"{d} drafted {st.drafted_by[d]} accepted {st.accepted_by.get(d, 0)}"
+                          for d in sorted(st.drafted_by)) + " | " if len(st.drafted_by) > 1 else "")
             + f"draft {st.draft_s:.2f}s verify {st.verify_s:.2f}s host {st.host_s:.2f}s prefill {st.prefill_s:.2f}s")
 
 
@@ -308,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile a target/draft pair into an engine folder")
     b.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
-    b.add_argument("--draft", default=BuildConfig.draft, help=f"draft checkpoint dir, .gguf or {PROMPT_LOOKUP!r}")
+    b.add_argument("--draft", default=BuildConfig.draft,
+                   help=f"draft checkpoint dir, .gguf, quant:int8|int4[...] or {PROMPT_LOOKUP!r}; an engine with a "
+                        f"draft model runs the hybrid ({PROMPT_LOOKUP}+<draft>: lookup where it matches) by default")
     b.add_argument("--k", action="append", help="draft tokens per step; repeat or comma-separate to build several "
                                                 f"(default {BuildConfig.ks[0]})")
     _add_shape_args(b)
@@ -333,7 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("engine", nargs="?", default=None, metavar="ENGINE_DIR",
                    help="an engine folder from specexport build (omit to run checkpoints eagerly)")
     g.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
-    g.add_argument("--draft", default=None, help=f"draft checkpoint dir, .gguf or {PROMPT_LOOKUP!r} (the default)")
+    g.add_argument("--draft", default=None, help=f"draft checkpoint dir, .gguf, {PROMPT_LOOKUP!r} (the default) or "
+                                                 f"{PROMPT_LOOKUP}+<draft> (the hybrid)")
+    g.add_argument("--drafter", choices=("prompt-lookup", "model", "hybrid"), default=None,
+                   help="with an ENGINE_DIR built with a draft model: which drafter runs (default: hybrid)")
     g.add_argument("--backend", choices=BACKENDS, help="with ENGINE_DIR: onnxruntime (default), torch or torchscript")
     g.add_argument("--k", type=_k_arg, default=None,
                    help="draft tokens per step (an engine: one of its built k), or auto (chosen per step from "

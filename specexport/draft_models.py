@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from .config import PROMPT_LOOKUP, DecoderConfig
-from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from .config import HYBRID_PREFIX, PROMPT_LOOKUP, DecoderConfig
+from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .errors import SpecExportError
 from .models import LoadedModel, load_model, read_config, resolve_path
 from .models.quant import QuantSpec, is_quant_spec, quantize_model
@@ -33,12 +33,14 @@ def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
 
 
 def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make_engine) -> Drafter:
-    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; else a model path.
-    make_engine(loaded) builds the draft's engine."""
+    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; else a model path;
+    'prompt-lookup+<one of those>' -> the hybrid. make_engine(loaded) builds the draft's engine."""
     if spec is None or spec == PROMPT_LOOKUP:
         return PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max)
-    loaded = load_draft(spec, target, cfg)
-    return ModelDrafter(make_engine(loaded), name=loaded.source)
+    hybrid = spec.startswith(HYBRID_PREFIX)
+    loaded = load_draft(spec.removeprefix(HYBRID_PREFIX), target, cfg)
+    model = ModelDrafter(make_engine(loaded), name=loaded.source)
+    return HybridDrafter(PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max), model, cfg.min_match) if hybrid else model
 
 
 def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:

@@ -6,8 +6,10 @@ A drafter proposes k tokens per row after the current token (see verify.py for t
   draft_len [B] long      how many of the k are real proposals; padding is never accepted
   source    [B] int       where each row's proposal came from, for acceptance kept per source (autok.py):
                           prompt lookup's matched n-gram length (0: no match); a draft model: 0
-Kinds: a draft model of any supported family, prompt lookup (n-gram), and a quantized copy of the target
-(`quant:int4` / `quant:int8[:b<block>][:sym|:asym]`, models/quant.py), which runs as a draft model.
+Kinds: a draft model of any supported family, prompt lookup (n-gram), a quantized copy of the target
+(`quant:int4` / `quant:int8[:b<block>][:sym|:asym]`, models/quant.py), which runs as a draft model, and the
+hybrid of lookup and a model (`prompt-lookup+<model>`): per row, lookup's proposal where it matched at least
+`min_match` tokens, the model's elsewhere; the model runs only when some row needs it.
 Arrays are numpy (the Engine protocol's); draft_models.py builds drafters from checkpoints (torch).
 """
 
@@ -42,6 +44,7 @@ class Proposal:
     draft_len: np.ndarray  # [B] int64: real proposals per row; the rest is padding
     longest: int  # max(draft_len), known on the host without a device sync
     source: list[int] | None = None  # [B] per-row proposal source (None: one source, 0)
+    model_ran: bool = False  # the draft model ran this step (its cache then holds every committed position)
 
 
 class Drafter(Protocol):
@@ -72,7 +75,7 @@ class ModelDrafter:
     def propose(self, x: DraftInputs, k: int):
         B = x.last_two.shape[0]
         draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft)
-        return Proposal(draft, q, np.full(B, k, dtype=np.int64), k)
+        return Proposal(draft, q, np.full(B, k, dtype=np.int64), k, model_ran=True)
 
 
 class PromptLookupDrafter:
@@ -119,3 +122,43 @@ class PromptLookupDrafter:
             draft[b, :len(found)] = found
             draft_len[b] = len(found)
         return Proposal(draft, None, draft_len, int(draft_len.max()), source)
+
+
+class HybridDrafter:
+    """Prompt lookup where it matched at least `min_match` tokens (its proposals cost no pass), the draft model
+    for the other rows; rows stay ragged within one verify. A step where every row matched runs no draft pass
+    (the model's cache then lags and the batch catches it up before its next draft). Sources (autok.py):
+    lookup rows keep their n-gram length (>= min_match >= 1), model rows are source 0."""
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter, min_match: int = 2):
+        self.lookup, self.model, self.min_match = lookup, model, max(min_match, 1)
+        self.engine = model.engine
+        self.name = f"{PROMPT_LOOKUP}+{model.name}"
+
+    def prefill(self, tokens, past_len, kv_len, row0=0):
+        self.model.prefill(tokens, past_len, kv_len, row0)
+
+    def lookups(self, x: DraftInputs, k: int) -> tuple[Proposal, list[bool]]:
+        """Lookup for every row -> (its proposal, which rows take it)."""
+        lk = self.lookup.propose(x, k)
+        return lk, [s >= self.min_match for s in lk.source]
+
+    def merge(self, lk: Proposal, use: list[bool], m: Proposal, sampling) -> Proposal:
+        """Rows in `use` take lookup's proposal (one-hot q when sampling), the others the model's (source 0)."""
+        take = np.array(use)
+        draft = np.where(take[:, None], lk.draft, m.draft)  # [B, k]
+        draft_len = np.where(take, lk.draft_len, m.draft_len)  # [B]
+        q = m.q
+        if q is not None and take.any():
+            q = q.copy()
+            for b in np.flatnonzero(take):
+                q[b] = 0.0
+                q[b, np.arange(q.shape[1]), draft[b]] = 1.0  # (padding past draft_len is never accepted)
+        source = [s if t else 0 for s, t in zip(lk.source, use)]
+        return Proposal(draft, q, draft_len, int(draft_len.max()), source, model_ran=True)
+
+    def propose(self, x: DraftInputs, k: int) -> Proposal:
+        lk, use = self.lookups(x, k)
+        if all(use):
+            return Proposal(lk.draft, None, lk.draft_len, lk.longest, lk.source)
+        return self.merge(lk, use, self.model.propose(x, k), x.sampling)

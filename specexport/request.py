@@ -21,6 +21,8 @@ class GenerationStats:
     accept_hist: list[int] = field(default_factory=list)  # [k+1]: steps that accepted 0..k drafts
     proposed_hist: list[int] = field(default_factory=list)  # [k+1]: steps that proposed 0..k drafts
     k_steps: dict[int, int] = field(default_factory=dict)  # k used -> steps (0: target-only steps)
+    drafted_by: dict[str, int] = field(default_factory=dict)  # drafter ("prompt-lookup" | "model") -> tokens
+    accepted_by: dict[str, int] = field(default_factory=dict)  # drafter -> accepted tokens
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0

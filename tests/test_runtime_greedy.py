@@ -9,7 +9,7 @@ from specexport import SpeculativeDecoder
 PROMPTS = [[5, 17, 3, 88, 41], [7] * 3 + list(range(20, 34)), [int(x) for x in torch.randint(0, 96, (70,),
                                                                       generator=torch.Generator().manual_seed(3))]]
 NEW = 24
-DRAFTS = ("same", "unrelated", "perturbed", "prompt-lookup")
+DRAFTS = ("same", "unrelated", "perturbed", "prompt-lookup", "hybrid")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,8 @@ def hf_reference(tiny):
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_speculative_equals_target_only_and_transformers(tiny, hf_reference, family, draft):
-    spec = "prompt-lookup" if draft == "prompt-lookup" else tiny[family][draft]
+    spec = {"prompt-lookup": "prompt-lookup", "hybrid": "prompt-lookup+" + tiny[family]["perturbed"]}.get(
+        draft) or tiny[family][draft]
     dec = SpeculativeDecoder.from_pretrained(tiny[family]["target"], spec, k=5, max_seq_len=128, max_batch=4,
                                              prefill_chunk=16)
     baseline = [o.token_ids for o in dec.generate(PROMPTS, max_new_tokens=NEW, speculative=False)]
@@ -42,7 +43,7 @@ def test_speculative_equals_target_only_and_transformers(tiny, hf_reference, fam
         assert rates == [1.0, 1.0, 1.0]
     elif draft == "unrelated":
         assert max(rates) < 0.5
-    elif draft == "perturbed":
+    elif draft in ("perturbed", "hybrid"):
         assert all(0.0 < r < 1.0 for r in rates)
 
 

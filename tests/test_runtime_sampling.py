@@ -77,11 +77,15 @@ CASES = [SamplingParams(1.0), SamplingParams(0.7, top_k=4), SamplingParams(1.3, 
          SamplingParams(0.9, top_k=5, top_p=0.9)]
 
 
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
+def draft_spec(small, drafter: str) -> str:
+    return {"model": small["draft"], "hybrid": "prompt-lookup+" + small["draft"]}.get(drafter, drafter)
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid"])
 @pytest.mark.parametrize("sp", CASES, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
 def test_speculative_samples_have_the_target_distribution(small, sp, drafter):
-    dec = SpeculativeDecoder.from_pretrained(small["target"], small["draft"] if drafter == "model" else drafter,
-                                             k=2, max_seq_len=16, max_batch=100)
+    dec = SpeculativeDecoder.from_pretrained(small["target"], draft_spec(small, drafter), k=2, max_seq_len=16,
+                                             max_batch=100)
     samples = sample(dec, sp, N)
     stats_probe = dec.generate([PROMPT], max_new_tokens=NEW, sampling=sp)[0].stats
     assert stats_probe.steps >= 1
@@ -91,12 +95,12 @@ def test_speculative_samples_have_the_target_distribution(small, sp, drafter):
         assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6
 
 
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid"])
 def test_auto_k_samples_have_the_target_distribution(small, drafter):
     """k="auto": widths chosen per step (lookup: after seeing the proposals, shadow checks at target-only
     steps; a model: probes) leave the distribution exactly the target's."""
-    dec = SpeculativeDecoder.from_pretrained(small["target"], small["draft"] if drafter == "model" else drafter,
-                                             k=2, max_seq_len=16, max_batch=100)
+    dec = SpeculativeDecoder.from_pretrained(small["target"], draft_spec(small, drafter), k=2, max_seq_len=16,
+                                             max_batch=100)
     sp = CASES[0]
     samples = sample(dec, sp, N, k="auto")
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3

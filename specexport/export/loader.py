@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import PROMPT_LOOKUP, DecoderConfig
-from ..drafters import ModelDrafter, PromptLookupDrafter
+from ..drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from ..errors import SpecExportError
 from ..models.config import ModelConfig
 from .manifest import read_manifest
 
-LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "prepack", "drafter",
-                "preload")
+LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "min_match", "prepack",
+                "drafter", "preload")
+DRAFTERS = (PROMPT_LOOKUP, "model", "hybrid")
 
 
 def model_config(entry: dict) -> ModelConfig:
@@ -68,6 +69,7 @@ def _open(path: str, backend: str, options: dict):
     config = DecoderConfig(k=max(ks), max_seq_len=m["max_seq_len"], max_batch=max_batch,
                            prefill_chunk=m["prefill_chunk"], backend=backend, dtype=m["dtype"],
                            ngram_min=options.get("ngram_min", ngram[0]), ngram_max=options.get("ngram_max", ngram[1]),
+                           min_match=options.get("min_match", min(2, options.get("ngram_max", ngram[1]))),
                            threads=options.get("threads"))
     if config.threads and backend in ("torch", "torchscript"):
         from ..backends.torch_engine import set_threads
@@ -113,14 +115,19 @@ def open_engine_dir(path: str, backend: str, **options):
     root, m, config, engine = _open(path, backend, options)
     target = engine("target")
     choice = options.get("drafter")
-    if choice not in (None, PROMPT_LOOKUP, "model"):
-        raise SpecExportError(f"drafter={choice!r}: choose {PROMPT_LOOKUP!r} or 'model' (the engine's own draft)")
-    if choice == "model" and m["drafter"] == PROMPT_LOOKUP:
-        raise SpecExportError("drafter='model' but this engine was built without a draft model: rebuild with --draft")
+    if choice not in (None,) + DRAFTERS:
+        raise SpecExportError(f"drafter={choice!r}: choose {PROMPT_LOOKUP!r}, 'model' (the engine's own draft) or "
+                              "'hybrid' (lookup where it matches, the model elsewhere: the default with a draft model)")
+    if choice in ("model", "hybrid") and m["drafter"] == PROMPT_LOOKUP:
+        raise SpecExportError(f"drafter={choice!r} but this engine was built without a draft model: rebuild with "
+                              "--draft")
+    lookup = PromptLookupDrafter(config.ngram_min, config.ngram_max)
     if m["drafter"] == PROMPT_LOOKUP or choice == PROMPT_LOOKUP:
-        drafter = PromptLookupDrafter(config.ngram_min, config.ngram_max)
+        drafter = lookup
     else:
         drafter = ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"])
+        if choice != "model":
+            drafter = HybridDrafter(lookup, drafter, config.min_match)
     tokenizer = None
     if m.get("tokenizer"):
         from ..tokenizer import Tokenizer

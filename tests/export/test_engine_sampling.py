@@ -10,19 +10,31 @@ from test_runtime_sampling import CASES, N, chi2_pvalue, exact_distribution, sam
 
 
 @pytest.fixture(scope="module")
-def engine(small, tmp_path_factory):  # noqa: F811
+def engine_dir(small, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("sampling") / "eng"
     build(BuildConfig(target=small["target"], draft=small["draft"], ks=(2,), max_seq_len=16, max_batch=100,
                       prefill_chunk=8, out=str(out)), progress=False)
-    return SpeculativeDecoder.load(str(out), backend="onnxruntime")
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def engine(engine_dir):
+    return SpeculativeDecoder.load(engine_dir, backend="onnxruntime")  # the hybrid: lookup where it matches
 
 
 @pytest.mark.parametrize("sp", [CASES[0], CASES[3]], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
 def test_onnxruntime_samples_have_the_target_distribution(small, engine, sp):  # noqa: F811
+    assert engine.drafter.name.startswith("prompt-lookup+")
     samples = sample(engine, sp, N)
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
     if sp.top_k == 0 and sp.top_p == 1.0:  # power: clearly not the draft's distribution
         assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6
+
+
+def test_onnxruntime_model_drafter_samples_have_the_target_distribution(small, engine_dir):  # noqa: F811
+    dec = SpeculativeDecoder.load(engine_dir, backend="onnxruntime", drafter="model")
+    samples = sample(dec, CASES[3], N)
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], CASES[3])) > 1e-3
 
 
 def test_onnxruntime_target_only_sampling(small, engine):  # noqa: F811

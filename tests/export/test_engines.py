@@ -14,16 +14,19 @@ def hf_reference(tiny):
     return {fam: [hf_greedy(tiny[fam]["hf"], p, NEW) for p in PROMPTS] for fam in FAMILIES}
 
 
+@pytest.mark.parametrize("drafter", ["hybrid", "model"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_engine_equals_transformers_at_every_k(engines, hf_reference, family, backend):
-    dec = SpeculativeDecoder.load(engines[family], backend=backend)
+def test_greedy_engine_equals_transformers_at_every_k(engines, hf_reference, family, backend, drafter):
+    dec = SpeculativeDecoder.load(engines[family], backend=backend, drafter=drafter)
     assert dec.target.ks == (1, 3)
     assert [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)] == hf_reference[family]
     for k in (1, 3):
         outs = dec.generate(PROMPTS, NEW, k=k)
         assert [o.token_ids for o in outs] == hf_reference[family], f"k={k}"
         assert 0 < sum(o.stats.accepted for o in outs) < sum(o.stats.drafted for o in outs)  # perturbed draft
+        by = {d for o in outs for d in o.stats.drafted_by}  # PROMPTS[1] repeats: the hybrid uses both drafters
+        assert by == ({"model", "prompt-lookup"} if drafter == "hybrid" else {"model"}), by
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,0 +1,53 @@
+"""The hybrid drafter with hand-made proposals: which rows take lookup's proposal, one-hot q for them when
+sampling, and no draft pass on a step where every row matched."""
+
+import numpy as np
+
+from specexport.drafters import DraftInputs, HybridDrafter, ModelDrafter, PromptLookupDrafter, Proposal
+
+
+class CountingEngine:
+    """An engine stand-in that records draft calls and drafts 7s with a uniform q (V = 10)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def draft(self, last_two, past_len, kv_len, k, sampling, u):
+        self.calls += 1
+        B = last_two.shape[0]
+        q = np.full((B, k, 10), 0.1, dtype=np.float32) if sampling is not None else None
+        return np.full((B, k), 7, dtype=np.int64), q
+
+
+def inputs(rows: list[list[int]], k: int, sampling=None) -> DraftInputs:
+    B, L = len(rows), max(map(len, rows))
+    hist = np.zeros((B, 32), dtype=np.int64)
+    for b, r in enumerate(rows):
+        hist[b, :len(r)] = r
+    last = np.array([[r[-2], r[-1]] for r in rows])
+    return DraftInputs(last, np.array([len(r) - 1 for r in rows]), L + k, hist, [len(r) for r in rows], sampling,
+                       np.zeros((B, k), dtype=np.float32))
+
+
+def test_rows_take_lookup_where_it_matched_at_least_min_match_tokens():
+    eng = CountingEngine()
+    h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m"), min_match=2)
+    # row 0: "4 5" recurs (2-gram match) -> lookup proposes 6 9; row 1: only "5" recurs (1-gram) -> the model
+    p = h.propose(inputs([[4, 5, 6, 9, 4, 5], [1, 5, 2, 3, 8, 5]], k=2), 2)
+    assert eng.calls == 1 and p.model_ran
+    assert p.draft.tolist() == [[6, 9], [7, 7]] and p.draft_len.tolist() == [2, 2] and p.source == [2, 0]
+    # every row matched: no draft pass
+    p = h.propose(inputs([[4, 5, 6, 9, 4, 5], [3, 3, 1, 3, 3]], k=2), 2)
+    assert eng.calls == 1 and not p.model_ran and p.q is None and p.source == [2, 2]
+
+
+def test_lookup_rows_get_one_hot_q_when_sampling():
+    eng = CountingEngine()
+    h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m"), min_match=2)
+    x = inputs([[4, 5, 6, 9, 4, 5], [1, 5, 2, 3, 8, 5]], k=2, sampling=object())
+    lk, use = h.lookups(x, 2)
+    assert use == [True, False]
+    p = h.merge(lk, use, Proposal(*eng.draft(x.last_two, None, 0, 2, x.sampling, None),
+                                  np.full(2, 2, dtype=np.int64), 2, model_ran=True), x.sampling)
+    assert p.q[0, 0].tolist() == [0] * 6 + [1] + [0] * 3 and p.q[0, 1, 9] == 1.0 and p.q[0].sum() == 2.0
+    assert np.allclose(p.q[1], 0.1)  # the model's row keeps its q
