@@ -275,8 +275,9 @@ class Batch:
             st.k_steps[ran] = st.k_steps.get(ran, 0) + 1
             if proposed:  # which drafter proposed this row's draft
                 by = "model" if model_ran and source[b] == 0 else "prompt-lookup"
-                st.drafted_by[by] = st.drafted_by.get(by, 0) + proposed
-                st.accepted_by[by] = st.accepted_by.get(by, 0) + n
+                for tally, v in ((st.drafted_by, proposed), (st.accepted_by, n), (st.rejected_by, int(n < proposed)),
+                                 (st.steps_by, 1)):
+                    tally[by] = tally.get(by, 0) + v
             if self.auto is not None:
                 if proposed:
                     self.auto.observe_row(self.acc[b], source[b], n, n < proposed)

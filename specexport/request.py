@@ -23,6 +23,8 @@ class GenerationStats:
     k_steps: dict[int, int] = field(default_factory=dict)  # k used -> steps (0: target-only steps)
     drafted_by: dict[str, int] = field(default_factory=dict)  # drafter ("prompt-lookup" | "model") -> tokens
     accepted_by: dict[str, int] = field(default_factory=dict)  # drafter -> accepted tokens
+    rejected_by: dict[str, int] = field(default_factory=dict)  # drafter -> steps with a rejection
+    steps_by: dict[str, int] = field(default_factory=dict)  # drafter -> steps it proposed in
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0

@@ -38,7 +38,9 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     modes = [m["name"] for m in result["modes"]]
     assert modes == ["hf_generate", "hf_prompt_lookup", "hf_assistant_int8", "target_only", "target_only_again",
                      "prompt-lookup@k2", "prompt-lookup@k3", "prompt-lookup@auto",
-                     "quant:int8:b32:asym@k2", "quant:int8:b32:asym@k3", "quant:int8:b32:asym@auto"]
+                     "quant:int8:b32:asym@k2", "quant:int8:b32:asym@k3", "quant:int8:b32:asym@auto",
+                     "prompt-lookup+quant:int8:b32:asym@k2", "prompt-lookup+quant:int8:b32:asym@k3",
+                     "prompt-lookup+quant:int8:b32:asym@auto"]
     assert [r["id"] for r in result["records"]] == ["copy-3", "other-40"]  # --per-category 1
     for r in result["records"]:  # lossless: every mode gives transformers' greedy tokens
         assert all(r["identical"].values()), r["identical"]

@@ -2,7 +2,8 @@
 
 Per prompt and speculative mode (terms as in autok.py):
   a          acceptance MLE: accepted / (accepted + rejections)
-  E_pred     sum over steps of E(a, drafts proposed that step) / steps   (Leviathan's expected tokens per step)
+  E_pred     sum over steps of E(a, drafts proposed that step) / steps   (Leviathan's expected tokens per step);
+             hybrid: per drafter, its steps x E(its own a, its mean proposal length), over all steps
   cost ratio (draft + verify + host seconds per step) / (target-only seconds per step, the same prompt)
   draft pass / target step: draft seconds per step / k over target-only (verify + host) seconds per step;
   verify / target step: verify seconds per step over the target-only verify seconds per step
@@ -43,6 +44,13 @@ def prediction(st: dict, base: dict) -> tuple[float, float, float]:
     a = st["acceptance_mle"]
     steps = max(st["steps"], 1)
     e_pred = sum(n * expected_tokens(a, d) for d, n in enumerate(st["proposed_hist"])) / steps
+    by = st.get("steps_by", {})
+    if len(by) > 1:  # hybrid: each drafter's own acceptance over its own steps (at its mean proposal length)
+        e_pred = steps - sum(by.values())  # steps without a proposal commit one token
+        for d, n in by.items():
+            acc, rej = st["accepted_by"].get(d, 0), st["rejected_by"].get(d, 0)
+            e_pred += n * expected_tokens(acc / (acc + rej) if acc + rej else 0.0, st["drafted_by"][d] / n)
+        e_pred /= steps
     step_s = (st["draft_s"] + st["verify_s"] + st["host_s"]) / steps
     base_step_s = (base["draft_s"] + base["verify_s"] + base["host_s"]) / max(base["steps"], 1)
     predicted = e_pred / (step_s / base_step_s) if step_s > 0 and base_step_s > 0 else 0.0

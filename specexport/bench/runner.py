@@ -7,7 +7,8 @@ Modes (names are the report's row labels):
                              closest transformers can run on CPU to specexport's quant:int8 drafter
   target_only                specexport, one target pass per token
   target_only_again          the same again (with k=auto rows): the A/A control, the noise floor of a ratio
-  <drafter>@k<k>, <drafter>@auto   specexport speculative, one drafter over the shared target engine
+  <drafter>@k<k>, <drafter>@auto   specexport speculative, one drafter over the shared target engine (each
+                                   draft model also as the hybrid prompt-lookup+<draft>)
 All specexport modes share one loaded target engine (ONNX Runtime); each quantized drafter comes from its own
 engine folder, built once with the same k values. Greedy, chat template, batch 1.
 """
@@ -90,7 +91,7 @@ def _hf_model(source: str, dtype=torch.float32):
 def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
     """-> (modes, the shared target decoder, for encoding prompts)."""
     from ..export.loader import open_draft
-    from ..drafters import PromptLookupDrafter
+    from ..drafters import HybridDrafter, PromptLookupDrafter
     from ..runtime import SpeculativeDecoder
     opts = dict(max_batch=1, prepack=cfg.prepack, threads=cfg.threads, preload=True)
     base = SpeculativeDecoder.load(cfg.engines[0], drafter=PROMPT_LOOKUP, **opts)
@@ -117,6 +118,8 @@ def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
             raise SpecExportError(f"engine {path} has k values {list(dks)}, {cfg.engines[0]} has {list(ks)}: build "
                                   "all bench engines with the same --k")
         drafters[drafter.name] = decoder(drafter)
+        hybrid = HybridDrafter(PromptLookupDrafter(dcfg.ngram_min, dcfg.ngram_max), drafter, dcfg.min_match)
+        drafters[hybrid.name] = decoder(hybrid)  # lookup where it matches, this model elsewhere
 
     def se(dec, k):
         def run(ids):
@@ -175,8 +178,9 @@ def pooled_stats(stats: list) -> dict:
             setattr(total, f, getattr(total, f) + getattr(st, f))
         total.accept_hist = [a + b for a, b in zip(total.accept_hist, st.accept_hist)]
         total.proposed_hist = [a + b for a, b in zip(total.proposed_hist, st.proposed_hist)]
-        for k, n in st.k_steps.items():
-            total.k_steps[k] = total.k_steps.get(k, 0) + n
+        for field in ("k_steps", "drafted_by", "accepted_by", "rejected_by", "steps_by"):
+            for key, n in getattr(st, field).items():
+                getattr(total, field)[key] = getattr(total, field).get(key, 0) + n
     return total.as_dict()
 
 
