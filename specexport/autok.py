@@ -311,6 +311,27 @@ class AutoK:
                 best, best_rate = j, rate
         return best
 
+    def free_beats_model(self, B: int, rows: list[RowState], lens: list[int], sources: list[int],
+                         missing: int = 0) -> bool:
+        """Hybrid, every row has a lookup proposal: is the best free step (lookup verified at its best width,
+        or target-only) worth at least the best model step (each row's model acceptance, source 0)? Expected
+        tokens per second, as in `width` and `plan`; unmeasured model costs: free."""
+        c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
+        if c0 is None or d is None:
+            return True
+        a = [self.confident(r, s) for r, s in zip(rows, sources)]
+        free = max([len(rows) / c0] + [sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens))
+                                       / self.verify_cost(j, B) for j in self.ks])
+        catch_up = missing * (self.costs.get(("catch_up", 1, bucket(B))) or 0.0)
+        model = max(sum(expected_tokens(self.acceptance(r), k) for r in rows)
+                    / (self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize) for k in self.ks)
+        return free >= model
+
+    def lookup_row_beats_model(self, row: RowState, source: int, n: int, k: int) -> bool:
+        """A hybrid step that drafts with the model anyway: does this row's lookup proposal (n tokens) promise
+        more committed tokens than the model's k (the step costs the same either way)?"""
+        return expected_tokens(self.confident(row, source), min(n, k)) > expected_tokens(self.acceptance(row), k)
+
     # ---- measurements ------------------------------------------------------------------------------------
 
     def observe_costs(self, B: int, j: int, verify_s: float, draft_passes: int = 0, draft_s: float = 0.0,

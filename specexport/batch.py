@@ -212,6 +212,13 @@ class Batch:
                                 self.k)  # the draft model does not run
             use = [u or self.reqs[b] is None for b, u in enumerate(use)]
         free = lk is not None and all(use)
+        if free and self.auto is not None:  # every row matched: unless drafting with the model promises more
+            lens = lk.draft_len.tolist()
+            missing = sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
+            free = self.auto.free_beats_model(B, [self.acc[b] for b in rows], [lens[b] for b in rows],
+                                              [lk.source[b] for b in rows], missing)
+            if not free:
+                use = [self.reqs[b] is None for b in range(B)]
         k = self._plan_k(rows, B, free)  # 0: a target-only step
         catch_up_s, caught_up = 0.0, 0
         if k and not free and getattr(d, "engine", None) is not None:  # a draft model: KV up to date first
@@ -228,7 +235,11 @@ class Batch:
                 prop = d.propose(x, k)
             elif free:
                 prop = _cut(lk, k)
-            else:
+            else:  # the model drafts anyway: a row keeps its lookup proposal only where it promises more
+                if self.auto is not None:
+                    lens = lk.draft_len.tolist()
+                    use = [u and (self.reqs[b] is None or self.auto.lookup_row_beats_model(
+                        self.acc[b], lk.source[b], lens[b], k)) for b, u in enumerate(use)]
                 prop = d.merge(_cut(lk, k), use, d.model.propose(x, k), sampling)
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
             source, model_ran = prop.source or [0] * B, prop.model_ran

@@ -284,9 +284,36 @@ def test_draft_model_catches_up_after_target_only_steps(tiny):
                                              prefill_chunk=8)
     ref = dec.generate([[4, 8, 15, 16, 23, 42], [7] * 13], max_new_tokens=40, speculative=False)
     seq = iter([0, 0, 0, 4, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4] * 10)
-    dec.autok().plan = lambda B, rows, missing=0: next(seq)
+    dec.autok().plan = lambda B, rows, missing=0, free=None: next(seq)
     outs = dec.generate([[4, 8, 15, 16, 23, 42], [7] * 13], max_new_tokens=40, k="auto")
     for o, r in zip(outs, ref):
         assert o.token_ids == r.token_ids
         assert o.stats.k_steps.get(0, 0) > 0 and o.stats.drafted > 0
         assert o.stats.accepted == o.stats.drafted and o.stats.rejected == 0
+
+
+def _row(ctl, source: int, accepted: int, rejected: int) -> RowState:
+    r = RowState()
+    for _ in range(accepted):
+        ctl.observe_row(r, source, 1, False)
+    for _ in range(rejected):
+        ctl.observe_row(r, source, 0, True)
+    return r
+
+
+def test_hybrid_picks_the_model_where_it_promises_more_than_free_lookup():
+    ctl = _ctl(free=False, draft_pass=0.3)  # a draft pass costs 0.3 of a target step
+    # the model accepts nearly always (source 0), 2-gram lookup rarely (source 2): the model wins
+    good_model = _row(ctl, 0, 40, 1)
+    for _ in range(20):
+        ctl.observe_row(good_model, 2, 0, True)
+    assert not ctl.free_beats_model(1, [good_model], [4], [2])
+    assert not ctl.lookup_row_beats_model(good_model, 2, 4, 4)
+    # lookup (3-gram) nearly always right and the model poor: free lookup wins, and keeps its row
+    good_lookup = _row(ctl, 3, 40, 1)
+    for _ in range(20):
+        ctl.observe_row(good_lookup, 0, 0, True)
+    assert ctl.free_beats_model(1, [good_lookup], [8], [3])
+    assert ctl.lookup_row_beats_model(good_lookup, 3, 8, 4)
+    # an unmeasured draft pass: the free proposal
+    assert _ctl(free=False).free_beats_model(1, [good_model], [4], [2])
