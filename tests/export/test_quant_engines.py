@@ -32,8 +32,11 @@ def reference(tiny):
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
 @pytest.mark.parametrize("spec", ["quant:int8", "quant:int4:b16:sym"])
 def test_quantized_draft_greedy_equals_transformers(quant_engines, reference, spec, backend):
-    dec = SpeculativeDecoder.load(quant_engines[spec], backend=backend)
+    dec = SpeculativeDecoder.load(quant_engines[spec], backend=backend, drafter="model")
     assert dec.drafter.name == ("quant:int8:b32:asym" if spec == "quant:int8" else "quant:int4:b16:sym")
+    hybrid = SpeculativeDecoder.load(quant_engines[spec], backend=backend)  # the default with a draft model
+    assert hybrid.drafter.name == "prompt-lookup+" + dec.drafter.name
+    assert [o.token_ids for o in hybrid.generate(PROMPTS, NEW, k="auto")] == reference
     for k in (*dec.target.ks, "auto"):
         outs = dec.generate(PROMPTS, NEW, k=k)
         assert [o.token_ids for o in outs] == reference, f"k={k}"
