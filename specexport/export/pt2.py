@@ -22,10 +22,17 @@ What AOTInductor in torch 2.13 allows (checked on CPU with the tiny test models,
   so all graphs of a model share one copy. Constant names are the step module's ("model." + the weights file's
   names); inductor folded no new constants into these graphs, and check_full_update fails loudly if a future
   version does.
-- In-place KV-cache mutation: survives. The exported step writes the caches with `scatter_`; after an
-  AOTInductor call the caller's cache tensors hold the new keys/values (compared with the eager step) and the
-  cache outputs alias the inputs, so no copy back is needed. Row slices `cache[row0:row0 + B]` (contiguous views
-  with a storage offset) are updated in place too.
+- In-place KV-cache mutation: survives, but the write op matters. The eager step writes the caches with
+  `scatter_`; export keeps it as an input mutation and after an AOTInductor call the caller's caches hold the
+  new keys/values (compared with the eager step; the cache outputs alias the inputs). But inductor lowers a
+  mutated-input scatter as copy the whole cache into a buffer, scatter the T new positions, copy the whole
+  buffer back: two full [B, Hkv, S, D] copies per cache per call (seen in the generated kernel.cpp). Its
+  re-inplacing pass (torch/_inductor/fx_passes/reinplace.py) turns `index_put` on a graph input back into an
+  in-place write, but not `scatter`. So the pt2 export traces the steps under `_IndexPutCacheWrites`, a
+  TorchFunctionMode that rewrites the cache `scatter_(2, idx, src)` into `cache[rows, :, pos] = src` (the same
+  positions; no change to the eager model): the generated kernels then write only the new positions, straight
+  into the caller's cache. Row slices `cache[row0:row0 + B]` (contiguous views with a storage offset) are
+  updated in place too.
 - Dynamic batch: yes, `torch.export.Dim("B", min=1, max=max(2, max_batch))` on every input's dim 0; one compiled
   graph serves every batch size (checked B = 1, 2, 3), so no per-bucket graphs.
 - Dynamic key length L (`key_pos` [L], how many cache positions attention reads): yes, but not up to L == S:
@@ -53,6 +60,22 @@ from .onnx_graphs import example_inputs
 
 PT2_FILE = "steps.pt2"
 INDUCTOR_OPTIONS = {"aot_inductor.package": True, "aot_inductor.package_constants_in_so": False}
+
+
+class _IndexPutCacheWrites(torch.overrides.TorchFunctionMode):
+    """While exporting: a KV-cache write `cache.scatter_(2, idx, src)` (cache [B, Hkv, S, D], idx the positions
+    expanded to src's shape [B, Hkv, T, D]) becomes `cache[rows, :, pos] = src`, an index_put_ that inductor
+    writes in place into the graph input (a scatter it lowers as a copy of the whole cache and back)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if (func is torch.Tensor.scatter_ and not kwargs and len(args) == 4 and args[1] == 2
+                and isinstance(args[0], torch.Tensor) and args[0].dim() == 4):
+            cache, _, idx, src = args
+            pos = idx[:, 0, :, 0]  # [B, T]: every head and channel of a position has the same index
+            rows = torch.arange(pos.shape[0], device=pos.device)[:, None].expand_as(pos)  # [B, T]
+            cache[rows, :, pos] = src.transpose(1, 2)  # [B, T, Hkv, D]
+            return cache
+        return func(*args, **(kwargs or {}))
 
 
 def pt2_cache_len(cache_len: int) -> int:
@@ -87,8 +110,9 @@ def export_pt2(model: StaticKVDecoder, graphs: list[tuple[str, str, int, bool]],
         names, _ = io_names(kind, k, sampling, model.cfg.num_layers)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # export/inductor chatter (deprecations inside torch)
-            ep = torch.export.export(step, inputs, dynamic_shapes=_dynamic_shapes(step, names, max_batch, S),
-                                     strict=False)
+            with _IndexPutCacheWrites():
+                ep = torch.export.export(step, inputs, dynamic_shapes=_dynamic_shapes(step, names, max_batch, S),
+                                         strict=False)
             files[name] = aot_compile(ep.module(check_guards=False), inputs, options=dict(INDUCTOR_OPTIONS))
         seconds[name] = round(time.perf_counter() - t0, 2)
     package_aoti(str(path), files)
