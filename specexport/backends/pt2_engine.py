@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import SpecExportError
 from ..models import ModelConfig
 from ..steps import graph_name
 from .torch_engine import TorchScriptEngine
@@ -27,15 +28,20 @@ class Pt2Engine(TorchScriptEngine):
     """TorchScriptEngine's calls over AOTInductor graphs: only how a step callable is found differs."""
 
     def __init__(self, package: Path, weights: Path, graphs: list[str], config: ModelConfig, max_batch: int,
-                 cache_len: int, dtype: torch.dtype, ks: tuple[int, ...]):
+                 cache_len: int, dtype: torch.dtype, ks: tuple[int, ...], aliases: dict[str, str] | None = None):
         from safetensors.torch import load_file
         from torch._inductor.package import load_package
         self.weights = load_file(str(weights))  # the one copy every graph reads (kept alive here: user-managed)
         runners = {}
         for name in graphs:
             runner = load_package(str(package), name)
-            runner.load_constants({n: self.weights[n] for n in runner.get_constant_fqns() if n in self.weights},
-                                  check_full_update=True, user_managed=True)
+            names = {n: (aliases or {}).get(n, n) for n in runner.get_constant_fqns()}  # tied: stored once
+            missing = [n for n, w in names.items() if w not in self.weights]
+            if missing:
+                raise SpecExportError(f"{package} graph {name} needs {missing[0]}, which {weights.name} lacks: "
+                                      "rebuild the engine with specexport build")
+            runner.load_constants({n: self.weights[w] for n, w in names.items()}, check_full_update=True,
+                                  user_managed=True)
             runners[name] = _compiled_call(runner)
         super().__init__(runners, config, max_batch, cache_len, dtype, ks)  # cache_len: the graphs' S (+1)
 

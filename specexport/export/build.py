@@ -166,14 +166,15 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
 def export_pt2_entry(model, role: str, graphs, cfg: BuildConfig, cache_len: int, V: int, folder: Path, bar) -> dict:
     """AOTInductor-compile a role's graphs into folder/steps.pt2 -> its manifest entry (the torch version that
     built it, which is the only one that can load it; seconds per graph)."""
-    from .pt2 import PT2_FILE, export_pt2, pt2_cache_len
+    from .pt2 import PT2_FILE, export_pt2, pt2_cache_len, weight_aliases
 
     def on_graph(name):
         bar.set_description(f"{role} {name} (pt2)")
     seconds = export_pt2(model, graphs, cfg.prefill_chunk, cache_len, V, cfg.max_batch, folder / PT2_FILE, on_graph)
     bar.update(len(graphs))
     return {"file": f"{role}/{PT2_FILE}", "graphs": [g[0] for g in graphs], "torch": torch.__version__,
-            "device": "cpu", "cache_len": pt2_cache_len(cache_len), "compile_s": seconds}
+            "device": "cpu", "cache_len": pt2_cache_len(cache_len), "aliases": weight_aliases(model),
+            "compile_s": seconds}
 
 
 def _quant_note(model) -> str:

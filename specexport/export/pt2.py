@@ -20,8 +20,9 @@ What AOTInductor in torch 2.13 allows (checked on CPU with the tiny test models,
   tensors read once from the engine's weights.safetensors (the file the ONNX graphs point into): with
   user_managed the loader keeps the caller's pointers (zeroing one of those tensors changes the graphs' output),
   so all graphs of a model share one copy. Constant names are the step module's ("model." + the weights file's
-  names); inductor folded no new constants into these graphs, and check_full_update fails loudly if a future
-  version does.
+  names; a tied head is stored once, so the manifest maps `model.lm_head.weight`, the name the graphs use, to
+  the embedding's); inductor folded no new constants into these graphs, and check_full_update fails loudly if
+  a future version does.
 - In-place KV-cache mutation: survives, but the write op matters. The eager step writes the caches with
   `scatter_`; export keeps it as an input mutation and after an AOTInductor call the caller's caches hold the
   new keys/values (compared with the eager step; the cache outputs alias the inputs). But inductor lowers a
@@ -76,6 +77,20 @@ class _IndexPutCacheWrites(torch.overrides.TorchFunctionMode):
             cache[rows, :, pos] = src.transpose(1, 2)  # [B, T, Hkv, D]
             return cache
         return func(*args, **(kwargs or {}))
+
+
+def weight_aliases(model: StaticKVDecoder) -> dict[str, str]:
+    """Constant name -> its name in weights.safetensors, where they differ: a tied head is stored once (as the
+    embedding), but a compiled graph may name the shared tensor lm_head.weight."""
+    from ..steps import PrefillStep
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, t in PrefillStep(model).named_parameters(remove_duplicate=False):
+        if id(t) in first:
+            aliases[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return aliases
 
 
 def pt2_cache_len(cache_len: int) -> int:
@@ -136,4 +151,4 @@ def open_pt2(root: Path, entry: dict, m: dict, max_batch: int, ks: tuple[int, ..
         raise SpecExportError(f"{root}/{pt2['file']} was compiled for {pt2['device']}, not {device}: rebuild it on "
                               f"a {device} machine, or load with device={pt2['device']!r}")
     return Pt2Engine(root / pt2["file"], root / entry["weights"], pt2["graphs"], model_config(entry), max_batch,
-                     pt2["cache_len"], getattr(torch, DTYPES[m["dtype"]]), ks)
+                     pt2["cache_len"], getattr(torch, DTYPES[m["dtype"]]), ks, pt2.get("aliases", {}))

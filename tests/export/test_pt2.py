@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import FAMILIES, hf_greedy
+from helpers import FAMILIES, hf_greedy, make_tiny
 from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
 from specexport.config import BuildConfig
 from specexport.export.build import build
@@ -20,24 +20,33 @@ from test_runtime_sampling import CASES, N, chi2_pvalue, exact_distribution, sam
 
 @pytest.fixture(scope="module")
 def lookup_engines(tiny, tmp_path_factory):
-    """family -> a prompt-lookup pt2 engine (greedy graphs, k=2), built on first use."""
+    """family -> (a prompt-lookup pt2 engine (greedy graphs, k=2), built on first use; its transformers model).
+    llama: a tied-embedding model (SmolLM2 style: the graphs name the head, the weights file stores the embedding)."""
     root, built = tmp_path_factory.mktemp("pt2_lookup"), {}
 
     def get(family):
         if family not in built:
-            cfg = BuildConfig(target=tiny[family]["target"], ks=(2,), sampling=False, max_seq_len=112, max_batch=3,
+            target, hf = tiny[family]["target"], tiny[family]["hf"]
+            if family == "llama":
+                target = str(root / "tied")
+                hf = make_tiny(target, "llama", seed=10, logit_scale=4.0, tie_word_embeddings=True)
+            cfg = BuildConfig(target=target, ks=(2,), sampling=False, max_seq_len=112, max_batch=3,
                               prefill_chunk=16, formats=("pt2",), out=str(root / family))
-            built[family] = build(cfg, progress=False)
+            built[family] = build(cfg, progress=False), hf
         return built[family]
     return get
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_pt2_greedy_equals_transformers(tiny, lookup_engines, family):
-    info = lookup_engines(family)
+def test_pt2_greedy_equals_transformers(lookup_engines, family):
+    info, hf = lookup_engines(family)
     assert "target/steps.pt2" in info["files"] and not any(f.endswith(".onnx") for f in info["files"])
+    if family == "llama":
+        assert hf.config.tie_word_embeddings
+        pt2 = json.loads((Path(info["out"]) / "manifest.json").read_text())["models"]["target"]["pt2"]
+        assert pt2["aliases"] == {"model.lm_head.weight": "model.model.embed_tokens.weight"}
     dec = SpeculativeDecoder.load(info["out"], backend="pt2")
-    want = [hf_greedy(tiny[family]["hf"], p, NEW) for p in PROMPTS]
+    want = [hf_greedy(hf, p, NEW) for p in PROMPTS]
     assert [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)] == want
     outs = dec.generate(PROMPTS, NEW, k=2)
     assert [o.token_ids for o in outs] == want
