@@ -44,6 +44,16 @@ What AOTInductor in torch 2.13 allows (checked on CPU with the tiny test models,
   engine passes contiguous tensors (the runtime hands in column slices of its uniforms).
 - A package runs only on the torch build that compiled it (the wrapper .so links against libtorch's C++ ABI):
   the manifest records torch's version, and loading with another one is refused (rebuild).
+
+Build time is one C++ compile per graph (export itself is 1-2 s), measured on this project's 2 shared cores
+(recorded per graph in the manifest, `pt2.compile_s`): a tiny 2-layer test model 8-23 s per graph depending on
+the load; SmolLM2-135M fp32 (30 layers) prefill 54 s, verify_k0 38 s, verify_k4 39 s (94-110 s while other
+builds ran). The inductor cache (/tmp/torchinductor_<user>) makes rebuilding identical graphs faster.
+Decode speed (tools/pt2_bench.py, batch 1, greedy, 1 thread, alternating backends, SmolLM2 fp32 engine with
+prompt lookup k=4): pt2 0.76x ONNX Runtime (fused graph set) target-only and 0.68x with prompt lookup, about
+the same as the eager torch backend (1.10x, 1.00x): the time is in the same matmul kernels, and ONNX Runtime's
+fused attention and MLAS kernels are faster. On the tiny model, where per-call overhead dominates, pt2 is
+about 4x eager torch and 0.85-0.99x ONNX Runtime.
 """
 
 from __future__ import annotations
