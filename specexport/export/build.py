@@ -3,7 +3,7 @@
 Folder layout:
   manifest.json            see manifest.py
   tokenizer/               the target's tokenizer (save_pretrained)
-  target/weights.safetensors, target/<graph>.onnx, target/steps.torchscript.pt
+  target/weights.safetensors, target/<graph>.onnx, target/steps.torchscript.pt, target/steps.pt2 (pt2.py)
   draft/...                the same for a draft model (none for prompt lookup)
 Stages: load (and check the pair), export, save, check (the engine must give the eager torch tokens).
 """
@@ -59,12 +59,13 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).exists():
         raise SpecExportError(f"--out {str(out)!r} exists and is not an engine folder: choose an empty or new path")
     quant = QuantSpec.parse(cfg.draft) if is_quant_spec(cfg.draft) else None  # bad input fails before any stage
-    if quant is not None and "torchscript" in cfg.formats:
-        raise SpecExportError(f"draft {cfg.draft!r} exports to ONNX (MatMulNBits) only; TorchScript has no "
-                              "low-bit kernel: drop torchscript from --format, or use a draft model")
-    if cfg.target_quant and "torchscript" in cfg.formats:
-        raise SpecExportError("--target-quant exports to ONNX (MatMulNBits) only; TorchScript has no low-bit "
-                              "kernel: drop torchscript from --format")
+    torch_formats = [f for f in ("torchscript", "pt2") if f in cfg.formats]  # no low-bit kernel in either
+    if quant is not None and torch_formats:
+        raise SpecExportError(f"draft {cfg.draft!r} exports to ONNX (MatMulNBits) only; {torch_formats[0]} has no "
+                              f"low-bit kernel: drop {','.join(torch_formats)} from --format, or use a draft model")
+    if cfg.target_quant and torch_formats:
+        raise SpecExportError(f"--target-quant exports to ONNX (MatMulNBits) only; {torch_formats[0]} has no low-bit "
+                              f"kernel: drop {','.join(torch_formats)} from --format")
     for spec, role in ((cfg.target, "target"), (cfg.draft, "draft")):
         if spec != PROMPT_LOOKUP and not is_quant_spec(spec):
             read_config(resolve_path(spec, role))
@@ -100,10 +101,10 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         layers = quant_layers(m.model)
         if layers:  # every quantized linear's layout, to rebuild the eager model (torch backend) from the file
             entry["quant_layers"] = layers
-            if "torchscript" in cfg.formats:
+            if torch_formats:
                 raise SpecExportError(f"the {role} has quantized layers (GGUF weights as stored), which export to "
-                                      "ONNX (MatMulNBits) only: drop torchscript from --format, or pass --dtype "
-                                      "fp32 for a dequantized engine")
+                                      f"ONNX (MatMulNBits) only: drop {','.join(torch_formats)} from --format, or "
+                                      "pass --dtype fp32 for a dequantized engine")
         if "onnx" in cfg.formats:
             offsets = write_weights(m.model, folder / WEIGHTS_FILE)
             for name, kind, k, sampling in graphs:
@@ -121,6 +122,9 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
             entry["torchscript"] = f"{role}/{TORCHSCRIPT_FILE}"
             entry["torchscript_methods"] = [g[0] for g in ts_graphs]
             bar.update(len(graphs))
+        if "pt2" in cfg.formats:
+            entry["pt2"] = export_pt2_entry(m.model, role, graph_list(role, cfg, "portable"), cfg, dec_cfg.cache_len,
+                                            V, folder, bar)
         entries[role] = entry
     bar.close()
     st.done()
@@ -157,6 +161,20 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     files = {rel: info["bytes"] for rel, info in manifest_files(out).items()}
     return {"out": str(out), "stages_s": st.times, "graphs": len(work), "formats": list(cfg.formats),
             "ks": sorted(cfg.ks), "files": files, "total_bytes": sum(files.values())}
+
+
+def export_pt2_entry(model, role: str, graphs, cfg: BuildConfig, cache_len: int, V: int, folder: Path, bar) -> dict:
+    """AOTInductor-compile a role's graphs into folder/steps.pt2 -> its manifest entry (the torch version that
+    built it, which is the only one that can load it; seconds per graph)."""
+    from .pt2 import PT2_FILE, export_pt2, pt2_cache_len, weight_aliases
+
+    def on_graph(name):
+        bar.set_description(f"{role} {name} (pt2)")
+    seconds = export_pt2(model, graphs, cfg.prefill_chunk, cache_len, V, cfg.max_batch, folder / PT2_FILE, on_graph)
+    bar.update(len(graphs))
+    return {"file": f"{role}/{PT2_FILE}", "graphs": [g[0] for g in graphs], "torch": torch.__version__,
+            "device": "cpu", "cache_len": pt2_cache_len(cache_len), "aliases": weight_aliases(model),
+            "compile_s": seconds}
 
 
 def _quant_note(model) -> str:
@@ -200,7 +218,8 @@ def check_engine(out: Path, models: dict[str, LoadedModel], cfg: BuildConfig) ->
                if "draft" in models else PromptLookupDrafter(dec_cfg.ngram_min, dec_cfg.ngram_max))
     ref = SpeculativeDecoder(ref_engine, drafter, dec_cfg)
     want = {k: ref.generate(prompt, n, k=k)[0].token_ids for k in cfg.ks}
-    for backend in [b for f, b in (("onnx", "onnxruntime"), ("torchscript", "torchscript")) if f in cfg.formats]:
+    for backend in [b for f, b in (("onnx", "onnxruntime"), ("torchscript", "torchscript"), ("pt2", "pt2"))
+                    if f in cfg.formats]:
         if dec_cfg.dtype != "fp32":  # half precision: kernels round differently, so tokens may legitimately differ
             checked.append(f"{backend} not compared ({dec_cfg.dtype})")
             continue

@@ -25,7 +25,7 @@ def describe(engine_dir: str) -> dict:
                         "vocab": c["vocab_size"], "weights_bytes": weights, "kv_bytes_per_row": kv_per_row,
                         "kv_bytes_max_batch": kv_per_row * m["max_batch"],
                         "kv_shape": [m["max_batch"], c["num_kv_heads"], m["cache_len"], c["head_dim"]],
-                        "torchscript": e.get("torchscript"), "graphs": graphs,
+                        "torchscript": e.get("torchscript"), "pt2": e.get("pt2"), "graphs": graphs,
                         "quantized_linears": _quant_summary(e.get("quant_layers", {}))}
     weights = sum(v["weights_bytes"] for v in models.values())
     kv = sum(v["kv_bytes_max_batch"] for v in models.values())
@@ -75,6 +75,10 @@ def format_description(d: dict) -> str:
             lines.append(f"  {name:<18} {_mb(g['bytes']):>9} {nodes}  ({ins}, kv) -> ({outs}, kv)")
         if m["torchscript"]:
             lines.append(f"  torchscript {m['torchscript']} ({_mb(d['files'][m['torchscript']])})")
+        if m.get("pt2"):
+            p = m["pt2"]
+            lines.append(f"  pt2 {p['file']} ({_mb(d['files'][p['file']])}, {len(p['graphs'])} AOTInductor graphs, "
+                         f"torch {p['torch']}, {p['device']})")
     mem = d["memory"]
     lines.append(f"memory for the pair: weights {_mb(mem['weights_bytes'])} + KV at max_batch "
                  f"{_mb(mem['kv_bytes_max_batch'])} = {_mb(mem['total_bytes'])}")

@@ -1,6 +1,6 @@
 """Open an engine folder with a backend: check the manifest, then build the engines the runtime drives.
 
-Torch is imported only for the torch and torchscript backends (backends/torch_engine.py); the onnxruntime
+Torch is imported only for the torch, torchscript and pt2 backends (backends/torch_engine.py, pt2_engine.py); the onnxruntime
 path needs numpy, onnxruntime and the tokenizers library.
 """
 
@@ -71,7 +71,7 @@ def _open(path: str, backend: str, options: dict):
                            ngram_min=options.get("ngram_min", ngram[0]), ngram_max=options.get("ngram_max", ngram[1]),
                            min_match=options.get("min_match", min(2, options.get("ngram_max", ngram[1]))),
                            threads=options.get("threads"))
-    if config.threads and backend in ("torch", "torchscript"):
+    if config.threads and backend in ("torch", "torchscript", "pt2"):
         from ..backends.torch_engine import set_threads
         set_threads(config.threads)
     assert config.cache_len == m["cache_len"], "manifest cache_len disagrees with max_seq_len + max(k) + 1"
@@ -99,13 +99,16 @@ def _open(path: str, backend: str, options: dict):
             warn_deprecated()
             return open_torchscript(root / entry["torchscript"], model_config(entry), max_batch, m["cache_len"],
                                     m["dtype"], ks)
+        if backend == "pt2":
+            from .pt2 import open_pt2
+            return open_pt2(root, entry, m, max_batch, ks, device)
         if backend == "torch":
             from ..backends.torch_engine import TorchEngine, load_engine_model
             eng = TorchEngine(load_engine_model(root, entry, m["dtype"], m["cache_len"]), max_batch, m["cache_len"],
                               target_vocab=vocab)
             eng.ks = ks  # the same k values as the engine's other backends
             return eng
-        raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch or torchscript")
+        raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch, torchscript or pt2")
 
     return root, m, config, engine
 

@@ -1,0 +1,49 @@
+"""The pt2 backend: the step graphs compiled ahead of time by AOTInductor (export/pt2.py), one package per model,
+all graphs of a model reading one copy of its weights (the engine's weights.safetensors, user-managed constants).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecExportError
+from ..models import ModelConfig
+from ..steps import graph_name
+from .torch_engine import TorchScriptEngine
+
+
+def _compiled_call(runner):
+    """A step callable over AOTInductor's flat interface (no pytree round trip per call). Inputs must be
+    contiguous: the compiled code assumes the example inputs' strides (the caches' row slices already are)."""
+    run = runner.loader.boxed_run
+
+    def call(*xs):
+        return run([x if x.is_contiguous() else x.contiguous() for x in xs])
+    return call
+
+
+class Pt2Engine(TorchScriptEngine):
+    """TorchScriptEngine's calls over AOTInductor graphs: only how a step callable is found differs."""
+
+    def __init__(self, package: Path, weights: Path, graphs: list[str], config: ModelConfig, max_batch: int,
+                 cache_len: int, dtype: torch.dtype, ks: tuple[int, ...], aliases: dict[str, str] | None = None):
+        from safetensors.torch import load_file
+        from torch._inductor.package import load_package
+        self.weights = load_file(str(weights))  # the one copy every graph reads (kept alive here: user-managed)
+        runners = {}
+        for name in graphs:
+            runner = load_package(str(package), name)
+            names = {n: (aliases or {}).get(n, n) for n in runner.get_constant_fqns()}  # tied: stored once
+            missing = [n for n, w in names.items() if w not in self.weights]
+            if missing:
+                raise SpecExportError(f"{package} graph {name} needs {missing[0]}, which {weights.name} lacks: "
+                                      "rebuild the engine with specexport build")
+            runner.load_constants({n: self.weights[w] for n, w in names.items()}, check_full_update=True,
+                                  user_managed=True)
+            runners[name] = _compiled_call(runner)
+        super().__init__(runners, config, max_batch, cache_len, dtype, ks)  # cache_len: the graphs' S (+1)
+
+    def _step(self, kind, k=0, sampling=False):
+        return self.module[graph_name(kind, k, sampling)]
