@@ -1,6 +1,7 @@
 """The lean runtime: loading an ONNX engine and running it (generate, stream, k="auto", the continuous batcher,
-the Triton model's initialize, the OpenAI server's app) imports neither torch nor transformers, and gives exactly the tokens
-the same engine gives in this (torch-side) process, and greedy tokens equal to the eager torch backend's."""
+the Triton model's initialize, the OpenAI server's app) imports neither torch nor transformers, and gives exactly
+the tokens the same engine gives in this (torch-side) process, and greedy tokens equal to the eager torch
+backend's."""
 
 import json
 import os

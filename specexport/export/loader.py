@@ -1,7 +1,7 @@
 """Open an engine folder with a backend: check the manifest, then build the engines the runtime drives.
 
-Torch is imported only for the torch, torchscript and pt2 backends (backends/torch_engine.py, pt2_engine.py); the onnxruntime
-path needs numpy, onnxruntime and the tokenizers library.
+Torch is imported only for the torch, torchscript and pt2 backends (backends/torch_engine.py, pt2_engine.py); the
+onnxruntime path needs numpy, onnxruntime and the tokenizers library.
 """
 
 from __future__ import annotations

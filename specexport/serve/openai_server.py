@@ -181,8 +181,8 @@ def _make_app(srv: OpenAIServer):
             return _error(e)
         rid = new_id(chat)
         if g.stream:
-            return StreamingResponse(_sse(request, chunks, cancelled, rid, chat, g.include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(_sse(request, chunks, cancelled, rid, chat, g.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await _whole(request, chunks, cancelled, rid, chat)
 
     async def _whole(request: Request, chunks: asyncio.Queue, cancelled: threading.Event, rid: str, chat: bool):
