@@ -187,6 +187,19 @@ def run_genai_perf(a, *, label: str, model: str, kind_args: list[str], clients: 
     return res
 
 
+def run_levels(a, server: str, work: Path, kind_args) -> list[dict]:
+    """genai-perf at each concurrency level, speculative then target-only (alternating per level).
+    kind_args(variant name) -> the server-specific genai-perf arguments."""
+    rows = []
+    for clients in a.clients:
+        for name, _ in VARIANTS:
+            log(f"genai-perf {server}/{name} x{clients}")
+            rows.append(run_genai_perf(a, label=f"{server}/{name}", model=name, kind_args=kind_args(name),
+                                       clients=clients, art=work / f"{server}-{name}-c{clients}"))
+            report_row(rows[-1])
+    return rows
+
+
 def openai_phase(a, engine: Path, work: Path) -> list[dict]:
     procs, ports = {}, {}
     try:
@@ -206,17 +219,9 @@ def openai_phase(a, engine: Path, work: Path) -> list[dict]:
                         else {"prompt": "Hello"})
             post_json(f"http://127.0.0.1:{ports[name]}/v1/{ep}", body)  # warm-up
             log(f"openai/{name} ready on port {ports[name]}")
-        rows = []
-        for clients in a.clients:
-            for name, _ in VARIANTS:
-                kind = (["--service-kind", "openai"] if a.old_cli else []) + [
-                    "--endpoint-type", a.endpoint_type, "--url", f"127.0.0.1:{ports[name]}",
-                    "--extra-inputs", "temperature:0", "--extra-inputs", "ignore_eos:true"]
-                log(f"genai-perf openai/{name} x{clients}")
-                rows.append(run_genai_perf(a, label=f"openai/{name}", model=name, kind_args=kind, clients=clients,
-                                           art=work / f"openai-{name}-c{clients}"))
-                report_row(rows[-1])
-        return rows
+        return run_levels(a, "openai", work, lambda name: (["--service-kind", "openai"] if a.old_cli else []) + [
+            "--endpoint-type", a.endpoint_type, "--url", f"127.0.0.1:{ports[name]}",
+            "--extra-inputs", "temperature:0", "--extra-inputs", "ignore_eos:true"])
     finally:
         for p in procs.values():
             p.stop()
@@ -278,16 +283,9 @@ def triton_phase(a, engine: Path, work: Path) -> list[dict]:
         log(f"TensorRT-LLM inputs accepted: {', '.join(k for k, v in a.trtllm_probe.items() if v['accepted'])}")
         for k, e in refused.items():
             log(f"  refused {k}: {e}")
-        rows = []
-        for clients in a.clients:
-            for name, _ in VARIANTS:
-                kind = (["--service-kind", "triton"] if a.old_cli else ["--endpoint-type", "kserve"]) + [
-                    "--backend", "tensorrtllm", "--url", f"127.0.0.1:{grpc}"]
-                log(f"genai-perf triton/{name} x{clients}")
-                rows.append(run_genai_perf(a, label=f"triton/{name}", model=name, kind_args=kind, clients=clients,
-                                           art=work / f"triton-{name}-c{clients}"))
-                report_row(rows[-1])
-        return rows
+        return run_levels(a, "triton", work, lambda name: (
+            ["--service-kind", "triton"] if a.old_cli else ["--endpoint-type", "kserve"]) + [
+            "--backend", "tensorrtllm", "--url", f"127.0.0.1:{grpc}"])
     finally:
         server.stop()
 
