@@ -174,6 +174,23 @@ class Batch:
             need = [b for b in need if self.draft_valid[b] < self.lengths[b] - 2]
         return missing
 
+    def _draft_lag(self, rows: list[int]) -> int:
+        """Committed tokens the draft model has not seen (its catch-up before the next draft)."""
+        return sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
+
+    def _hybrid_lookup(self, d: HybridDrafter, rows: list[int], B: int, last_two: np.ndarray):
+        """Lookup's proposal for every row at the largest k, and which rows take it (free rows: padding). With
+        auto, where every row matched, the model still drafts (no row takes lookup) when it promises more."""
+        x = DraftInputs(last_two, self.past_len[:B], 0, self.history[:B], self.lengths[:B], None, None)
+        lk, use = d.lookups(x, self.k)
+        use = [take or self.reqs[b] is None for b, take in enumerate(use)]
+        if all(use) and self.auto is not None:
+            lens = lk.draft_len.tolist()
+            if not self.auto.free_beats_model(B, [self.acc[b] for b in rows], [lens[b] for b in rows],
+                                              [lk.source[b] for b in rows], self._draft_lag(rows)):
+                use = [self.reqs[b] is None for b in range(B)]
+        return lk, use
+
     def _plan_k(self, rows: list[int], B: int, free: bool = False) -> int:
         """The k to draft this step (0: a target-only step). free: every row has a free (lookup) proposal."""
         if not self.speculative:
@@ -181,8 +198,7 @@ class Batch:
         if self.auto is None:
             return self.k
         free = free or self.auto.free_drafts
-        missing = 0 if free else sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
-        return self.auto.plan(B, [self.acc[b] for b in rows], missing, free)
+        return self.auto.plan(B, [self.acc[b] for b in rows], 0 if free else self._draft_lag(rows), free)
 
     def _verify_k(self, longest: int, k: int) -> int:
         """The verify width for drafts of at most `longest` tokens: fixed-shape engines take the smallest
@@ -207,18 +223,9 @@ class Batch:
         past_max = max(self.lengths[b] - 1 for b in rows)  # == max(past_len), known on the host without a sync
         last_two = np.stack([self.prev[:B], current], 1)  # [B, 2]
         lk = use = None
-        if self.speculative and isinstance(d, HybridDrafter):  # lookup first (no pass): where every row matched,
-            lk, use = d.lookups(DraftInputs(last_two, past_len, 0, self.history[:B], self.lengths[:B], None, None),
-                                self.k)  # the draft model does not run
-            use = [u or self.reqs[b] is None for b, u in enumerate(use)]
-        free = lk is not None and all(use)
-        if free and self.auto is not None:  # every row matched: unless drafting with the model promises more
-            lens = lk.draft_len.tolist()
-            missing = sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
-            free = self.auto.free_beats_model(B, [self.acc[b] for b in rows], [lens[b] for b in rows],
-                                              [lk.source[b] for b in rows], missing)
-            if not free:
-                use = [self.reqs[b] is None for b in range(B)]
+        if self.speculative and isinstance(d, HybridDrafter):  # lookup first: it costs no pass
+            lk, use = self._hybrid_lookup(d, rows, B, last_two)
+        free = lk is not None and all(use)  # every row takes lookup's proposal: the draft model does not run
         k = self._plan_k(rows, B, free)  # 0: a target-only step
         catch_up_s, caught_up = 0.0, 0
         if k and not free and getattr(d, "engine", None) is not None:  # a draft model: KV up to date first
@@ -238,8 +245,8 @@ class Batch:
             else:  # the model drafts anyway: a row keeps its lookup proposal only where it promises more
                 if self.auto is not None:
                     lens = lk.draft_len.tolist()
-                    use = [u and (self.reqs[b] is None or self.auto.lookup_row_beats_model(
-                        self.acc[b], lk.source[b], lens[b], k)) for b, u in enumerate(use)]
+                    use = [take and (self.reqs[b] is None or self.auto.lookup_row_beats_model(
+                        self.acc[b], lk.source[b], lens[b], k)) for b, take in enumerate(use)]
                 prop = d.merge(_cut(lk, k), use, d.model.propose(x, k), sampling)
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
             source, model_ran = prop.source or [0] * B, prop.model_ran
