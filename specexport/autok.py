@@ -226,6 +226,15 @@ class AutoK:
         d = self.costs.get(("draft", 1, bucket(B)))
         return None if d is None else k * d
 
+    def _lookup_rate(self, B: int, a: list[float], lens: list[int], j: int) -> float:
+        """Expected committed tokens per second of verifying free proposals (lens, acceptances a) at width j."""
+        return sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens)) / self.verify_cost(j, B)
+
+    def _model_rate(self, B: int, rows: list[RowState], k: int, catch_up: float) -> float:
+        """Expected committed tokens per second of a k-token model draft (its catch-up amortised)."""
+        return sum(expected_tokens(self.acceptance(r), k) for r in rows) / (
+            self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
+
     # ---- choices -----------------------------------------------------------------------------------------
 
     def plan(self, B: int, rows: list[RowState], missing: int = 0, free: bool | None = None) -> int:
@@ -247,8 +256,7 @@ class AutoK:
         for k in self.ks:
             if fresh and k > kmin:
                 continue  # a request's first speculative step is a probe at the smallest k
-            rate = sum(expected_tokens(self.acceptance(r), k) for r in rows) / (
-                self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
+            rate = self._model_rate(B, rows, k, catch_up)
             if rate > best_rate:
                 best, best_rate = k, rate
         if best:
@@ -306,7 +314,7 @@ class AutoK:
         best, best_rate = 0, (1 + self.margin) * len(rows) / c0
         a = [self.confident(r, s) for r, s in zip(rows, sources)]
         for j in sorted(self.ks):
-            rate = sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens)) / self.verify_cost(j, B)
+            rate = self._lookup_rate(B, a, lens, j)
             if rate > best_rate:
                 best, best_rate = j, rate
         return best
@@ -320,12 +328,9 @@ class AutoK:
         if c0 is None or d is None:
             return True
         a = [self.confident(r, s) for r, s in zip(rows, sources)]
-        free = max([len(rows) / c0] + [sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens))
-                                       / self.verify_cost(j, B) for j in self.ks])
+        free = max([len(rows) / c0] + [self._lookup_rate(B, a, lens, j) for j in self.ks])
         catch_up = missing * (self.costs.get(("catch_up", 1, bucket(B))) or 0.0)
-        model = max(sum(expected_tokens(self.acceptance(r), k) for r in rows)
-                    / (self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize) for k in self.ks)
-        return free >= model
+        return free >= max(self._model_rate(B, rows, k, catch_up) for k in self.ks)
 
     def lookup_row_beats_model(self, row: RowState, source: int, n: int, k: int) -> bool:
         """A hybrid step that drafts with the model anyway: does this row's lookup proposal (n tokens) promise
