@@ -64,7 +64,7 @@ class ContinuousBatcher:
         is_cancelled: polled at step boundaries; a cancelled request leaves the batch (finish_reason
         'cancelled') and frees its row. block=False: a full queue raises QueueFull instead of waiting.
         ignore_eos: the model's EOS tokens do not end the request (fixed-length benchmarks)."""
-        if not self._thread.is_alive():
+        if not self.alive:
             raise SpecExportError("the batcher has stopped: restart the model")
         req = self.dec._prepare([prompt], max_new_tokens, sampling, chat, stop_token_ids, stop, ignore_eos)[0]
         if is_cancelled is not None:
@@ -81,6 +81,11 @@ class ContinuousBatcher:
                     self._cancelled.pop(id(req), None)
                     raise QueueFull(f"the queue is full ({self.waiting.maxsize} requests waiting): retry later") \
                         from None
+
+    @property
+    def alive(self) -> bool:
+        """The serving thread runs (a server's health)."""
+        return self._thread.is_alive()
 
     def close(self) -> None:
         """Stop the serving thread; running and queued requests get a final error chunk."""

@@ -78,7 +78,7 @@ class OpenAIServer:
             raise ApiError(429, str(e), code="rate_limit_exceeded", kind="rate_limit_error",
                            headers={"Retry-After": "1"}) from None
         except SpecExportError as e:
-            if not self.batcher._thread.is_alive():
+            if not self.batcher.alive:
                 raise ApiError(503, str(e), kind="server_error") from None
             param = "messages" if g.messages is not None else "prompt"
             if "max_new_tokens" in str(e) or "max_seq_len" in str(e):
@@ -251,7 +251,7 @@ def _make_app(srv: OpenAIServer):
              "max_model_len": srv.dec.config.max_seq_len}]})
 
     async def health(request: Request):
-        alive = srv.batcher._thread.is_alive()
+        alive = srv.batcher.alive
         return JSONResponse({"status": "ok" if alive else "stopped"}, status_code=200 if alive else 503)
 
     async def metrics(request: Request):
