@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="compile a target/draft pair into an engine folder")
     b.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     b.add_argument("--draft", default=BuildConfig.draft,
-                   help=f"draft checkpoint dir, .gguf, quant:int8|int4[...] or {PROMPT_LOOKUP!r}; an engine with a "
+                   help=f"draft checkpoint dir, .gguf, quant:int8|int4[...], layers:auto|<list>[:int8|:int4] (the "
+                        f"target with fewer layers, e.g. layers:0-11,14) or {PROMPT_LOOKUP!r}; an engine with a "
                         f"draft model runs the hybrid ({PROMPT_LOOKUP}+<draft>: lookup where it matches) by default")
     b.add_argument("--k", action="append", help="draft tokens per step; repeat or comma-separate to build several "
                                                 f"(default {BuildConfig.ks[0]})")
@@ -339,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("engine", nargs="?", default=None, metavar="ENGINE_DIR",
                    help="an engine folder from specexport build (omit to run checkpoints eagerly)")
     g.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
-    g.add_argument("--draft", default=None, help=f"draft checkpoint dir, .gguf, {PROMPT_LOOKUP!r} (the default) or "
+    g.add_argument("--draft", default=None, help=f"draft checkpoint dir, .gguf, quant:int8|int4, layers:auto|<list>, "
+                                                 f"{PROMPT_LOOKUP!r} (the default) or "
                                                  f"{PROMPT_LOOKUP}+<draft> (the hybrid)")
     g.add_argument("--drafter", choices=("prompt-lookup", "model", "hybrid"), default=None,
                    help="with an ENGINE_DIR built with a draft model: which drafter runs (default: hybrid)")

@@ -10,6 +10,7 @@ from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .errors import SpecExportError
 from .models import LoadedModel, load_model, read_config, resolve_path
 from .models.quant import QuantSpec, is_quant_spec, quantize_model
+from .models.layer_spec import LayerSpec, is_layers_spec
 
 
 def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
@@ -33,7 +34,8 @@ def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
 
 
 def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make_engine) -> Drafter:
-    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; else a model path;
+    """spec: None or 'prompt-lookup' -> n-gram; 'quant:int8|int4' -> quantized target copy; 'layers:...' -> the
+    target with fewer layers; else a model path;
     'prompt-lookup+<one of those>' -> the hybrid. make_engine(loaded) builds the draft's engine."""
     if spec is None or spec == PROMPT_LOOKUP:
         return PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max)
@@ -49,12 +51,30 @@ def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:
     return LoadedModel(model, target.config, target.tokenizer, spec.name)
 
 
+def layer_draft(spec: str, target: LoadedModel, ks: tuple[int, ...] | None = None, show: bool = True) -> LoadedModel:
+    """'layers:<list>|auto[:int8|:int4]': the target with fewer layers, over its own modules (models/skip.py);
+    auto searches on calibration text (models/layer_search.py) for the k values ks (None: 1..8)."""
+    from .models.skip import quantized_skip, skip_layers
+    ls = LayerSpec.parse(spec)
+    record: dict = {}
+    if ls.keep is None:
+        from .models.layer_search import KS, search_layers
+        keep, record["layer_search"] = search_layers(target, tuple(ks or KS), show)
+    else:
+        keep = ls.check(target.config.num_layers, spec)
+    model = quantized_skip(target.model, keep, ls.quant) if ls.quant else skip_layers(target.model, keep)
+    record["layers"] = list(keep)
+    return LoadedModel(model, model.cfg, target.tokenizer, ls.name(keep), record)
+
+
 def load_draft(spec: str, target: LoadedModel, cfg: DecoderConfig, gguf_stored: bool = False,
-               accuracy_level: int = 4) -> LoadedModel:
+               accuracy_level: int = 4, ks: tuple[int, ...] | None = None) -> LoadedModel:
     """Load a draft model and check that it fits the target (before any heavy work on it). gguf_stored: a GGUF
     draft keeps its quantized weights as stored (see load_model)."""
     if is_quant_spec(spec):
         return quantized_copy(target, QuantSpec.parse(spec))
+    if is_layers_spec(spec):
+        return layer_draft(spec, target, ks)
     path = resolve_path(spec, role="draft")
     read_config(path)  # unsupported architectures fail here, before the weights load
     loaded = load_model(path, cfg.dtype, cfg.cache_len, role="draft", gguf_stored=gguf_stored,

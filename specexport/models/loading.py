@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ class LoadedModel:
     config: ModelConfig
     tokenizer: object | None  # a transformers tokenizer, or None for ids-only checkpoints
     source: str  # the resolved path
+    record: dict = field(default_factory=dict)  # what the manifest records with it (a layers: draft's layer choice)
 
 
 def default_model_path() -> str:
