@@ -70,7 +70,8 @@ class OrtEngine:
 
     def __init__(self, folder: Path, entry: dict, max_batch: int, cache_len: int, ks: tuple[int, ...],
                  threads: int | None = None, device: str = "cpu", target_vocab: int | None = None,
-                 prepack: bool = False, ops: str = "portable", preload: bool | None = None):
+                 prepack: bool = False, ops: str = "portable", preload: bool | None = None,
+                 shared_with: "OrtEngine | None" = None):
         import onnxruntime as ort
         self.ort = ort
         self.folder = folder
@@ -99,6 +100,15 @@ class OrtEngine:
         np_dtype = np.dtype(entry["kv_dtype"])
         self._weights = mmap_safetensors(folder / entry["weights"])
         self._weight_values = {}
+        # a draft that shares tensors with the target (entry["shared"]: its name -> the target's) reads the target
+        # engine's own OrtValues (shared_with), or, loaded alone, a map of the target's file
+        shared = entry.get("shared") or {"tensors": {}}
+        self._shared_names = shared["tensors"]
+        if shared_with is not None:
+            self._shared_value = shared_with._weight_value
+        elif self._shared_names:
+            theirs = mmap_safetensors(folder / shared["file"])
+            self._shared_value = lambda name: ort.OrtValue.ortvalue_from_numpy(theirs[name])
         cfg = self.config
         shape = (max_batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
         if device == "cuda":  # zeroed: masked positions are multiplied by 0, and 0 x NaN garbage is NaN
@@ -148,6 +158,8 @@ class OrtEngine:
         # the graph's initializer names would need the onnx package, which the runtime does without
         for name in self._weights:
             so.add_initializer(name, self._weight_value(name))
+        for name, theirs in self._shared_names.items():
+            so.add_initializer(name, self._weight_value(name, theirs))
         try:
             return self.ort.InferenceSession(path, so, providers=self.providers)
         except Exception as e:  # a graph ORT refuses: say which and why, in one line
@@ -176,10 +188,12 @@ class OrtEngine:
                 base.madvise(mmap.MADV_DONTNEED)
                 return
 
-    def _weight_value(self, name: str):
+    def _weight_value(self, name: str, theirs: str | None = None):
+        """theirs: the name of a shared tensor in the target's file."""
         if name not in self._weight_values:
             # a host OrtValue over the map (the CUDA provider copies it to the device for each session)
-            self._weight_values[name] = self.ort.OrtValue.ortvalue_from_numpy(self._weights[name])
+            self._weight_values[name] = (self.ort.OrtValue.ortvalue_from_numpy(self._weights[name]) if theirs is None
+                                         else self._shared_value(theirs))
         return self._weight_values[name]
 
     def _binding(self, name: str, B: int, row0: int = 0) -> "_Binding":

@@ -28,10 +28,13 @@ class Pt2Engine(TorchScriptEngine):
     """TorchScriptEngine's calls over AOTInductor graphs: only how a step callable is found differs."""
 
     def __init__(self, package: Path, weights: Path, graphs: list[str], config: ModelConfig, max_batch: int,
-                 cache_len: int, dtype: torch.dtype, ks: tuple[int, ...], aliases: dict[str, str] | None = None):
+                 cache_len: int, dtype: torch.dtype, ks: tuple[int, ...], aliases: dict[str, str] | None = None,
+                 shared: dict[str, torch.Tensor] | None = None):
+        """shared: a draft's tensors that are the target's (its name -> the target's tensor, held once)."""
         from safetensors.torch import load_file
         from torch._inductor.package import load_package
         self.weights = load_file(str(weights))  # the one copy every graph reads (kept alive here: user-managed)
+        self.weights.update(shared or {})
         runners = {}
         for name in graphs:
             runner = load_package(str(package), name)

@@ -124,21 +124,35 @@ def open_torchscript(path: Path, config: ModelConfig, max_batch: int, cache_len:
     return TorchScriptEngine(torch.jit.load(str(path)), config, max_batch, cache_len, getattr(torch, DTYPES[dtype]), ks)
 
 
-def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int) -> StaticKVDecoder:
-    """The eager decoder from an engine folder's own weights file (the one the ONNX graphs point into)."""
+def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
+                      shared: dict[str, torch.Tensor] | None = None) -> StaticKVDecoder:
+    """The eager decoder from an engine folder's own weights file (the one the ONNX graphs point into). A draft that
+    shares tensors with the target (entry["shared"]) takes them from `shared` (the target's weights by file name,
+    used as they are: held once), or from the target's file."""
     from safetensors.torch import load_file
     c = entry["config"]
-    model = StaticKVDecoder(ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])}), cache_len).fuse()
-    if entry.get("quant_layers"):  # quantized layers (copies, --target-quant, GGUF as stored): shells whose codes
-        from ..models.quant import apply_quant_layers  # come from the file
-        model = apply_quant_layers(model, entry["quant_layers"])
-    elif entry.get("quant"):  # (engines built before quant_layers was recorded)
+    legacy = entry.get("quant") and not entry.get("quant_layers")  # quantized from random weights, then loaded
+    with torch.device("cpu" if legacy else "meta"):  # a shell: every tensor comes from the files (assign below)
+        model = StaticKVDecoder(ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])}), cache_len).fuse()
+        if entry.get("quant_layers"):  # quantized layers (copies, --target-quant, GGUF as stored): shells whose
+            from ..models.quant import apply_quant_layers  # codes come from the file
+            model = apply_quant_layers(model, entry["quant_layers"])
+    model._set_rope(torch.float32)  # (not stored: computed, as at build)
+    if legacy:  # (engines built before quant_layers was recorded)
         from ..models.quant import QuantSpec, quantize_model
         model = quantize_model(model, QuantSpec(**entry["quant"]))
-    state = {n.removeprefix("model."): t for n, t in load_file(str(root / entry["weights"])).items()}
+    state = load_file(str(root / entry["weights"]))
+    if entry.get("shared"):
+        theirs = shared if shared is not None else load_file(str(root / entry["shared"]["file"]))
+        state.update({n: theirs[t] for n, t in entry["shared"]["tensors"].items()})
+    state = {n.removeprefix("model."): t for n, t in state.items()}
     wanted = model.state_dict()
-    missing = [n for n in wanted if n not in state and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    tied = model.cfg.tie_word_embeddings and type(model.lm_head) is torch.nn.Linear  # (not a quantized head)
+    missing = [n for n in wanted if n not in state and not (n == "lm_head.weight" and tied)]
     if missing:
         raise SpecExportError(f"{entry['weights']} lacks {len(missing)} weights (e.g. {missing[0]}): rebuild the engine")
-    model.load_state_dict({n: t for n, t in state.items() if n in wanted}, strict=False)
+    # assign: the model holds the loaded tensors themselves (a shared tensor stays one tensor)
+    model.load_state_dict({n: t for n, t in state.items() if n in wanted}, strict=False, assign=True)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(getattr(torch, DTYPES[dtype])).eval().requires_grad_(False)

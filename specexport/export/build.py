@@ -5,6 +5,10 @@ Folder layout:
   tokenizer/               the target's tokenizer (save_pretrained)
   target/weights.safetensors, target/<graph>.onnx, target/steps.torchscript.pt, target/steps.pt2 (pt2.py)
   draft/...                the same for a draft model (none for prompt lookup)
+  target/draft.*           ... or here, for a draft that shares tensors with the target (a `layers:` draft, a
+                           quantized copy's embedding): its graphs point into target/weights.safetensors for those,
+                           into target/draft.weights.safetensors for its own (ONNX Runtime reads external data only
+                           from the graph's folder), and the engine holds each shared tensor once
 Stages: load (and check the pair), export, save, check (the engine must give the eager torch tokens).
 """
 
@@ -24,9 +28,10 @@ from ..draft_models import load_draft
 from ..errors import SpecExportError
 from ..models import LoadedModel, load_model, read_config, resolve_path
 from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model
+from ..models.layer_spec import LayerSpec, is_layers_spec
 from ..steps import graph_list
 from .manifest import MANIFEST, write_manifest
-from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, write_weights
+from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, safetensors_offsets, shared_tensors, write_weights
 from .torchscript import export_torchscript
 
 TORCHSCRIPT_FILE = "steps.torchscript.pt"
@@ -66,18 +71,28 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     if cfg.target_quant and torch_formats:
         raise SpecExportError(f"--target-quant exports to ONNX (MatMulNBits) only; {torch_formats[0]} has no low-bit "
                               f"kernel: drop {','.join(torch_formats)} from --format")
+    if is_layers_spec(cfg.draft) and LayerSpec.parse(cfg.draft).quant and torch_formats:
+        raise SpecExportError(f"draft {cfg.draft!r} is quantized, which exports to ONNX (MatMulNBits) only: drop "
+                              f"{','.join(torch_formats)} from --format, or drop the :int8/:int4 suffix")
     for spec, role in ((cfg.target, "target"), (cfg.draft, "draft")):
-        if spec != PROMPT_LOOKUP and not is_quant_spec(spec):
+        if spec != PROMPT_LOOKUP and not is_quant_spec(spec) and not is_layers_spec(spec):
             read_config(resolve_path(spec, role))
+    if is_layers_spec(cfg.draft) and LayerSpec.parse(cfg.draft).keep is not None:  # a list that doesn't fit fails
+        LayerSpec.parse(cfg.draft).check(read_config(resolve_path(cfg.target)).num_layers, cfg.draft)  # now
     st = _Stages(progress)
 
     st.start("load", "loading the models and checking the pair")
     stored = dict(gguf_stored=cfg.dtype is None, accuracy_level=cfg.accuracy_level)  # GGUF codes as stored
     target = load_model(cfg.target, dec_cfg.dtype, dec_cfg.cache_len, role="target", **stored)
     models: dict[str, LoadedModel] = {"target": target}
+    # a quantized-copy draft starts from the float weights (quantize the target after it); a float layers: draft
+    # is the target's own modules, quantized or not (quantize before it)
+    shares_modules = is_layers_spec(cfg.draft) and not LayerSpec.parse(cfg.draft).quant
+    if cfg.target_quant and shares_modules:
+        quantize_model(target.model, cfg.target_quant_spec())
     if cfg.draft != PROMPT_LOOKUP:  # an unfit draft fails here, before any export
-        models["draft"] = load_draft(cfg.draft, target, dec_cfg, **stored)
-    if cfg.target_quant:  # after the draft: a quantized-copy draft starts from the float weights
+        models["draft"] = load_draft(cfg.draft, target, dec_cfg, **stored, ks=cfg.ks)
+    if cfg.target_quant and not shares_modules:
         quantize_model(target.model, cfg.target_quant_spec())
     st.done(", ".join(f"{r}: {Path(m.source).name}" for r, m in models.items()) + _quant_note(target.model))
 
@@ -90,12 +105,20 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     st.start("export", f"{len(work)} graphs x {', '.join(cfg.formats)}")
     bar = tqdm(total=len(work) * len(cfg.formats), disable=not progress, unit="graph", file=sys.stderr)
     for role, m in models.items():
-        folder = tmp / role
-        folder.mkdir()
+        shared = shared_tensors(target.model, m.model) if role == "draft" else {}
+        place = "target" if shared else role  # (see the folder layout above)
+        prefix = f"{role}." if shared else ""
+        folder = tmp / place
+        folder.mkdir(exist_ok=True)
         graphs = graph_list(role, cfg)
         entry = {"source": m.source, "config": asdict(m.config), "kv_dtype": str(next(m.model.parameters()).dtype
                                                                                ).replace("torch.", ""),
-                 "weights": f"{role}/{WEIGHTS_FILE}", "graphs": {}}
+                 "weights": f"{place}/{prefix}{WEIGHTS_FILE}", "graphs": {}, **m.record}
+        if shared:
+            target_weights = {n: (WEIGHTS_FILE, off, length)
+                              for n, (off, length) in safetensors_offsets(folder / WEIGHTS_FILE).items()}
+            entry["shared"] = {"file": f"target/{WEIGHTS_FILE}", "tensors": shared,
+                               "bytes": sum(target_weights[t][2] for t in shared.values())}
         if role == "draft" and quant is not None:
             entry["quant"] = asdict(quant)
         layers = quant_layers(m.model)
@@ -105,26 +128,27 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
                 raise SpecExportError(f"the {role} has quantized layers (GGUF weights as stored), which export to "
                                       f"ONNX (MatMulNBits) only: drop {','.join(torch_formats)} from --format, or "
                                       "pass --dtype fp32 for a dequantized engine")
+        weights = write_weights(m.model, folder / f"{prefix}{WEIGHTS_FILE}", skip=set(shared))  # (the torch
+        if shared:  # backend reads it too)
+            weights.update({n: target_weights[t] for n, t in shared.items()})
         if "onnx" in cfg.formats:
-            offsets = write_weights(m.model, folder / WEIGHTS_FILE)
             for name, kind, k, sampling in graphs:
                 bar.set_description(f"{role} {name} (onnx)")
                 info = export_graph(m.model, kind, k, sampling, cfg.prefill_chunk, dec_cfg.cache_len, V, folder,
-                                    offsets, cfg.ops)
-                entry["graphs"][name] = {**info, "file": f"{role}/{info['file']}"}
+                                    weights, cfg.ops, prefix)
+                entry["graphs"][name] = {**info, "file": f"{place}/{info['file']}"}
                 bar.update()
-        else:
-            write_weights(m.model, folder / WEIGHTS_FILE)  # the torch backend reads it
         if "torchscript" in cfg.formats:
             bar.set_description(f"{role} (torchscript)")
             ts_graphs = graph_list(role, cfg, "portable")
-            export_torchscript(m.model, ts_graphs, cfg.prefill_chunk, dec_cfg.cache_len, V, folder / TORCHSCRIPT_FILE)
-            entry["torchscript"] = f"{role}/{TORCHSCRIPT_FILE}"
+            export_torchscript(m.model, ts_graphs, cfg.prefill_chunk, dec_cfg.cache_len, V,
+                               folder / f"{prefix}{TORCHSCRIPT_FILE}")
+            entry["torchscript"] = f"{place}/{prefix}{TORCHSCRIPT_FILE}"
             entry["torchscript_methods"] = [g[0] for g in ts_graphs]
             bar.update(len(graphs))
         if "pt2" in cfg.formats:
             entry["pt2"] = export_pt2_entry(m.model, role, graph_list(role, cfg, "portable"), cfg, dec_cfg.cache_len,
-                                            V, folder, bar)
+                                            V, folder, bar, prefix, place)
         entries[role] = entry
     bar.close()
     st.done()
@@ -163,16 +187,18 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
             "ks": sorted(cfg.ks), "files": files, "total_bytes": sum(files.values())}
 
 
-def export_pt2_entry(model, role: str, graphs, cfg: BuildConfig, cache_len: int, V: int, folder: Path, bar) -> dict:
-    """AOTInductor-compile a role's graphs into folder/steps.pt2 -> its manifest entry (the torch version that
-    built it, which is the only one that can load it; seconds per graph)."""
+def export_pt2_entry(model, role: str, graphs, cfg: BuildConfig, cache_len: int, V: int, folder: Path, bar,
+                     prefix: str = "", place: str | None = None) -> dict:
+    """AOTInductor-compile a role's graphs into folder/<prefix>steps.pt2 -> its manifest entry (the torch version
+    that built it, which is the only one that can load it; seconds per graph)."""
     from .pt2 import PT2_FILE, export_pt2, pt2_cache_len, weight_aliases
 
     def on_graph(name):
         bar.set_description(f"{role} {name} (pt2)")
-    seconds = export_pt2(model, graphs, cfg.prefill_chunk, cache_len, V, cfg.max_batch, folder / PT2_FILE, on_graph)
+    seconds = export_pt2(model, graphs, cfg.prefill_chunk, cache_len, V, cfg.max_batch, folder / f"{prefix}{PT2_FILE}",
+                         on_graph)
     bar.update(len(graphs))
-    return {"file": f"{role}/{PT2_FILE}", "graphs": [g[0] for g in graphs], "torch": torch.__version__,
+    return {"file": f"{place or role}/{prefix}{PT2_FILE}", "graphs": [g[0] for g in graphs], "torch": torch.__version__,
             "device": "cpu", "cache_len": pt2_cache_len(cache_len), "aliases": weight_aliases(model),
             "compile_s": seconds}
 

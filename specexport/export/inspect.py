@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..models.layer_spec import format_layers
 from .manifest import read_manifest
 
 
@@ -14,7 +15,8 @@ def describe(engine_dir: str) -> dict:
         c = e["config"]
         kv_item = np.dtype(e["kv_dtype"]).itemsize
         kv_per_row = 2 * c["num_layers"] * c["num_kv_heads"] * m["cache_len"] * c["head_dim"] * kv_item
-        weights = m["files"][e["weights"]]["bytes"]
+        weights = m["files"][e["weights"]]["bytes"]  # its own file: a tensor shared with the target is not in it
+        shared = e.get("shared") or {"tensors": {}, "bytes": 0}
         graphs = {name: {"file": g["file"], "bytes": m["files"][g["file"]]["bytes"], "nodes": g.get("nodes"),
                          "op_counts": g.get("op_counts", {}),
                          "inputs": [i for i in g["inputs"] if not i[0].startswith(("key.", "value."))],
@@ -22,7 +24,9 @@ def describe(engine_dir: str) -> dict:
                   for name, g in e["graphs"].items()}
         models[role] = {"source": e["source"], "model_type": c["model_type"], "layers": c["num_layers"],
                         "hidden": c["hidden_size"], "heads": f"{c['num_heads']}/{c['num_kv_heads']}x{c['head_dim']}",
-                        "vocab": c["vocab_size"], "weights_bytes": weights, "kv_bytes_per_row": kv_per_row,
+                        "vocab": c["vocab_size"], "weights_bytes": weights, "shared_bytes": shared["bytes"],
+                        "shared_tensors": len(shared["tensors"]), "kept_layers": e.get("layers"),
+                        "kv_bytes_per_row": kv_per_row,
                         "kv_bytes_max_batch": kv_per_row * m["max_batch"],
                         "kv_shape": [m["max_batch"], c["num_kv_heads"], m["cache_len"], c["head_dim"]],
                         "torchscript": e.get("torchscript"), "pt2": e.get("pt2"), "graphs": graphs,
@@ -63,9 +67,13 @@ def format_description(d: dict) -> str:
              + (f" ({d['activations']} activations in quantized layers)" if d.get("activations") else "")]
     for role, m in d["models"].items():
         lines.append(f"{role}: {m['model_type']} from {m['source']}")
-        lines.append(f"  {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}, vocab {m['vocab']}; "
+        kept = f" (the target's layers {format_layers(m['kept_layers'])})" if m.get("kept_layers") else ""
+        lines.append(f"  {m['layers']} layers{kept}, hidden {m['hidden']}, heads {m['heads']}, vocab {m['vocab']}; "
                      f"weights {_mb(m['weights_bytes'])}; KV {m['kv_shape']} x {2 * m['layers']} = "
                      f"{_mb(m['kv_bytes_max_batch'])} ({_mb(m['kv_bytes_per_row'])} per row)")
+        if m["shared_tensors"]:
+            lines.append(f"  shared with the target: {m['shared_tensors']} tensors, {_mb(m['shared_bytes'])} (held "
+                         f"once); separate: {_mb(m['weights_bytes'])}")
         if m["quantized_linears"]:
             lines.append("  quantized linears: " + ", ".join(f"{n} x {k}" for k, n in m["quantized_linears"].items()))
         for name, g in m["graphs"].items():
@@ -80,6 +88,8 @@ def format_description(d: dict) -> str:
             lines.append(f"  pt2 {p['file']} ({_mb(d['files'][p['file']])}, {len(p['graphs'])} AOTInductor graphs, "
                          f"torch {p['torch']}, {p['device']})")
     mem = d["memory"]
+    shared = sum(m["shared_bytes"] for m in d["models"].values())
     lines.append(f"memory for the pair: weights {_mb(mem['weights_bytes'])} + KV at max_batch "
-                 f"{_mb(mem['kv_bytes_max_batch'])} = {_mb(mem['total_bytes'])}")
+                 f"{_mb(mem['kv_bytes_max_batch'])} = {_mb(mem['total_bytes'])}"
+                 + (f" ({_mb(shared)} of draft weights read from the target's file)" if shared else ""))
     return "\n".join(lines)

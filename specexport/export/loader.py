@@ -78,7 +78,8 @@ def _open(path: str, backend: str, options: dict):
     V = m["vocab_size"]
     device = options.get("device", "cpu")
 
-    def engine(role: str):
+    def engine(role: str, target=None):
+        """target: the loaded target engine, whose tensors a draft that shares them reads (held once)."""
         entry = m["models"][role]
         vocab = V if role == "draft" else None
         if backend == "onnxruntime":
@@ -90,7 +91,7 @@ def _open(path: str, backend: str, options: dict):
             from ..backends.ort_engine import OrtEngine
             return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab,
                              prepack=options.get("prepack", False), ops=m.get("ops", "portable"),
-                             preload=options.get("preload"))
+                             preload=options.get("preload"), shared_with=target)
         if backend == "torchscript":
             if "torchscript" not in entry:
                 raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")
@@ -101,11 +102,15 @@ def _open(path: str, backend: str, options: dict):
                                     m["dtype"], ks)
         if backend == "pt2":
             from .pt2 import open_pt2
-            return open_pt2(root, entry, m, max_batch, ks, device)
+            return open_pt2(root, entry, m, max_batch, ks, device, target)
         if backend == "torch":
             from ..backends.torch_engine import TorchEngine, load_engine_model
-            eng = TorchEngine(load_engine_model(root, entry, m["dtype"], m["cache_len"]), max_batch, m["cache_len"],
-                              target_vocab=vocab)
+            shared = None
+            if target is not None and entry.get("shared"):
+                from .onnx_graphs import weight_tensors
+                shared = weight_tensors(target.model)
+            eng = TorchEngine(load_engine_model(root, entry, m["dtype"], m["cache_len"], shared), max_batch,
+                              m["cache_len"], target_vocab=vocab)
             eng.ks = ks  # the same k values as the engine's other backends
             return eng
         raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch, torchscript or pt2")
@@ -128,7 +133,7 @@ def open_engine_dir(path: str, backend: str, **options):
     if m["drafter"] == PROMPT_LOOKUP or choice == PROMPT_LOOKUP:
         drafter = lookup
     else:
-        drafter = ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"])
+        drafter = ModelDrafter(engine("draft", target), name=m["models"]["draft"]["source"])
         if choice != "model":
             drafter = HybridDrafter(lookup, drafter, config.min_match)
     tokenizer = None

@@ -53,15 +53,41 @@ def dynamic_axes(names: list[str]) -> dict[str, dict[int, str]]:
     return {n: ({0: "L"} if n == "key_pos" else {0: "B"}) for n in names}
 
 
-def write_weights(model: StaticKVDecoder, path: Path) -> dict[str, tuple[int, int]]:
-    """Save every parameter and buffer once (names as the step modules see them: 'model.' + name).
-    Returns name -> (byte offset, byte length) inside the file."""
-    from safetensors.torch import save_file
+def weight_tensors(model: StaticKVDecoder) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer once (tied weights appear once), named as the step modules see them:
+    'model.' + name."""
     wrapper = PrefillStep(model)
-    tensors = {n: t.detach().contiguous() for n, t in wrapper.named_parameters()}  # tied weights appear once
-    tensors.update({n: t.detach().contiguous() for n, t in wrapper.named_buffers()})
-    save_file(tensors, str(path))
-    return safetensors_offsets(path)
+    tensors = {n: t.detach() for n, t in wrapper.named_parameters()}
+    tensors.update({n: t.detach() for n, t in wrapper.named_buffers()})
+    return tensors
+
+
+def write_weights(model: StaticKVDecoder, path: Path, skip: set[str] = frozenset()) -> dict[str, tuple[str, int, int]]:
+    """Save every weight but `skip` (tensors another file holds) -> name -> (file name, byte offset, length)."""
+    from safetensors.torch import save_file
+    save_file({n: t.contiguous() for n, t in weight_tensors(model).items() if n not in skip}, str(path))
+    return {n: (path.name, off, length) for n, (off, length) in safetensors_offsets(path).items()}
+
+
+def shared_tensors(target: StaticKVDecoder, draft: StaticKVDecoder) -> dict[str, str]:
+    """draft weight name -> the target's name for each draft tensor identical to one of the target's (the same
+    storage, as in a `layers:` draft, or the same dtype, shape and bytes, as in a quantized copy's embedding):
+    the draft's graphs read the target's tensor and the engine holds it once."""
+    import hashlib
+    theirs = weight_tensors(target)
+    by_ptr = {(t.data_ptr(), t.dtype, tuple(t.shape)): n for n, t in theirs.items()}
+    digest = lambda t: hashlib.sha256(t.contiguous().view(torch.uint8).numpy()).digest()  # noqa: E731
+    by_content: dict | None = None
+    out = {}
+    for name, t in weight_tensors(draft).items():
+        hit = by_ptr.get((t.data_ptr(), t.dtype, tuple(t.shape)))
+        if hit is None:
+            if by_content is None:  # hashed once, only if some tensor is not shared by storage
+                by_content = {(digest(u), u.dtype, tuple(u.shape)): n for n, u in theirs.items()}
+            hit = by_content.get((digest(t), t.dtype, tuple(t.shape)))
+        if hit is not None:
+            out[name] = hit
+    return out
 
 
 def safetensors_offsets(path: Path) -> dict[str, tuple[int, int]]:
@@ -74,8 +100,10 @@ def safetensors_offsets(path: Path) -> dict[str, tuple[int, int]]:
 
 
 def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chunk: int, cache_len: int,
-                 target_vocab: int, out_dir: Path, weights: dict[str, tuple[int, int]], ops: str = "portable") -> dict:
-    """Trace one step graph to out_dir/<graph>.onnx with its weights in out_dir/weights.safetensors.
+                 target_vocab: int, out_dir: Path, weights: dict[str, tuple[str, int, int]], ops: str = "portable",
+                 prefix: str = "") -> dict:
+    """Trace one step graph to out_dir/<prefix><graph>.onnx; `weights` (write_weights) places each weight in a
+    file of out_dir.
     ops: "portable" (standard ONNX ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py).
     Returns {"file", "inputs", "outputs"} for the manifest (names, dtypes, shapes with B / L symbolic)."""
     import onnx
@@ -107,17 +135,17 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
                 d.dim_value = n
     for init in proto.graph.initializer:
         if init.name in weights:
-            offset, length = weights[init.name]
+            file, offset, length = weights[init.name]
             init.ClearField("raw_data")
             init.data_location = onnx.TensorProto.EXTERNAL
             del init.external_data[:]
-            for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(length))):
+            for key, value in (("location", file), ("offset", str(offset)), ("length", str(length))):
                 entry = init.external_data.add()
                 entry.key, entry.value = key, value
         elif len(init.raw_data) > _INLINE_LIMIT:
             raise RuntimeError(f"{name}: initializer {init.name!r} ({len(init.raw_data)} bytes) is not a model "
                                "weight; the export would duplicate it")
-    path = out_dir / f"{name}.onnx"
+    path = out_dir / f"{prefix}{name}.onnx"
     onnx.save(proto, str(path))
     counts: dict[str, int] = {}
     for node in proto.graph.node:

@@ -131,8 +131,9 @@ def write_standalone(engine_dir: Path, repo: Path, name: str, m: dict) -> list[s
             if d.parent.exists():
                 shutil.rmtree(d.parent)
             d.mkdir(parents=True)
-            for src, dst in ((engine_dir / g["file"], d / "model.onnx"),
-                             (engine_dir / entry["weights"], d / Path(entry["weights"]).name)):
+            files = [entry["weights"]] + ([entry["shared"]["file"]] if entry.get("shared") else [])  # (a draft
+            for src, dst in [(engine_dir / g["file"], d / "model.onnx")] + [  # sharing the target's tensors)
+                    (engine_dir / f, d / Path(f).name) for f in files]:
                 try:
                     os.link(src, dst)
                 except OSError:
