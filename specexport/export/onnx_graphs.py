@@ -72,7 +72,8 @@ def write_weights(model: StaticKVDecoder, path: Path, skip: set[str] = frozenset
 def shared_tensors(target: StaticKVDecoder, draft: StaticKVDecoder) -> dict[str, str]:
     """draft weight name -> the target's name for each draft tensor identical to one of the target's (the same
     storage, as in a `layers:` draft, or the same dtype, shape and bytes, as in a quantized copy's embedding):
-    the draft's graphs read the target's tensor and the engine holds it once."""
+    the draft's graphs read the target's tensor and the engine holds it once. Empty unless some learned weight is
+    shared: a separate checkpoint that has only the computed RoPE tables in common keeps its own files."""
     import hashlib
     theirs = weight_tensors(target)
     by_ptr = {(t.data_ptr(), t.dtype, tuple(t.shape)): n for n, t in theirs.items()}
@@ -87,7 +88,8 @@ def shared_tensors(target: StaticKVDecoder, draft: StaticKVDecoder) -> dict[str,
             hit = by_content.get((digest(t), t.dtype, tuple(t.shape)))
         if hit is not None:
             out[name] = hit
-    return out
+    learned = {n for n, _ in PrefillStep(draft).named_parameters()}
+    return out if learned & set(out) else {}
 
 
 def safetensors_offsets(path: Path) -> dict[str, tuple[int, int]]:
