@@ -161,4 +161,4 @@ def open_pt2(root: Path, entry: dict, m: dict, max_batch: int, ks: tuple[int, ..
         raise SpecExportError(f"{root}/{pt2['file']} was compiled for {pt2['device']}, not {device}: rebuild it on "
                               f"a {device} machine, or load with device={pt2['device']!r}")
     return Pt2Engine(root / pt2["file"], root / entry["weights"], pt2["graphs"], model_config(entry), max_batch,
-                     pt2["cache_len"], getattr(torch, DTYPES[m["dtype"]]), ks, pt2.get("aliases", {}))
+                     pt2["cache_len"], getattr(torch, DTYPES[m["dtype"]]), ks, pt2.get("aliases", {}), device)
