@@ -150,3 +150,16 @@ def test_cuda_sampling_runs_with_device_uniforms(models):
     a = tokens(decoder(models, "model", cg.CudaRuntime, device="cuda", seed=11), sampling=sp)
     b = tokens(decoder(models, "model", cg.CudaRuntime, device="cuda", seed=11), sampling=sp)
     assert a == b and all(len(t) == NEW and all(0 <= x < CFG.vocab_size for x in t) for t in a)
+
+
+@pytest.mark.gpu
+def test_load_torch_backend_on_cuda_uses_graphs(engines):
+    """An engine folder on the torch backend with device='cuda': draft and verify captured, greedy tokens those of
+    the same engine on the CPU."""
+    from test_runtime_greedy import NEW as N, PROMPTS as P
+    want = [o.token_ids for o in SpeculativeDecoder.load(engines["llama"], backend="torch").generate(P, N)]
+    dec = SpeculativeDecoder.load(engines["llama"], backend="torch", device="cuda")
+    assert dec.target.graphs is not None and dec.drafter.model.engine.graphs is not None
+    assert [o.token_ids for o in dec.generate(P, N)] == want
+    eager = SpeculativeDecoder.load(engines["llama"], backend="torch", device="cuda", cuda_graphs=False)
+    assert eager.target.graphs is None

@@ -241,7 +241,8 @@ class StepGraph:
         for i, (x, s, h, b) in enumerate(zip(inputs, self.static, self.host_in, self.batched)):
             if s is None or i == self.u_index:
                 continue
-            assert (x.shape[1:] if b else x.shape) == (s.shape[1:] if b else s.shape), f"input {i}: {x.shape} vs {s.shape}"
+            assert (x.shape[1:] if b else x.shape) == (s.shape[1:] if b else s.shape), \
+                f"input {i}: {tuple(x.shape)} does not fit the static {tuple(s.shape)}"
             if h is not None:
                 (h[:B] if b else h).copy_(x)
                 if b and B < self.Bb:

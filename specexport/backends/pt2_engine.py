@@ -36,7 +36,8 @@ class Pt2Engine(TorchScriptEngine):
                  device: torch.device | str = "cpu"):
         from safetensors.torch import load_file
         from torch._inductor.package import load_package
-        self.weights = load_file(str(weights), device=str(device))  # the one copy every graph reads (kept alive here: user-managed)
+        # the one copy every graph reads (kept alive here: user-managed)
+        self.weights = load_file(str(weights), device=str(device))
         runners = {}
         for name in graphs:
             runner = load_package(str(package), name)
