@@ -84,16 +84,13 @@ class Setup:
         eng = TorchEngine(model, dc.max_batch, dc.cache_len, target_vocab=vocab)
         return eng.capture_steps(self.runtime(), time_replays=True) if graphs else eng
 
-    def clock(self):
-        return _Events(self.device) if not self.cpu else _Wall()
-
     def sync(self):
         if not self.cpu:
             torch.cuda.synchronize(self.device)
 
 
 class _Events:
-    def __init__(self, device):
+    def __init__(self):
         self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def start(self):
@@ -211,7 +208,7 @@ def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool):
     engines = [dec.target] + ([dec.drafter.engine] if getattr(dec.drafter, "engine", None) is not None else [])
     graphs = [e.graphs for e in engines if e.graphs is not None]
     before = sum(g.device_ms for g in graphs)
-    clock = _Events(None) if dec.target.device.type == "cuda" else _Wall()
+    clock = _Events() if dec.target.device.type == "cuda" else _Wall()
     steps = 0
     clock.start()
     while batch.rows():
