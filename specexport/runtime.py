@@ -64,11 +64,12 @@ class SpeculativeDecoder:
     def load(cls, engine_dir: str, backend: str = "onnxruntime", **options) -> "SpeculativeDecoder":
         """Open an engine folder written by `specexport build` (checked against its manifest).
         backend: onnxruntime | torch | torchscript | pt2 (AOTInductor, export/pt2.py); options: threads,
-        max_batch (<= built), device ('cpu' or 'cuda' for onnxruntime), prepack (onnxruntime CPU: faster
-        multi-token passes for about 1.5x more weight memory), verify_hashes (default True), ngram_min /
-        ngram_max (prompt lookup), min_match (hybrid), drafter (an engine built with a draft model: 'hybrid', the
-        default: lookup where it matches, the model elsewhere; 'model'; 'prompt-lookup', without loading the
-        draft)."""
+        max_batch (<= built), device ('cpu' or 'cuda' for onnxruntime, torch and pt2), cuda_graphs (torch and pt2
+        on cuda: replay draft and verify as CUDA graphs, default True; backends/cuda_graphs.py), prepack
+        (onnxruntime CPU: faster multi-token passes for about 1.5x more weight memory), verify_hashes (default
+        True), ngram_min / ngram_max (prompt lookup), min_match (hybrid), drafter (an engine built with a draft
+        model: 'hybrid', the default: lookup where it matches, the model elsewhere; 'model'; 'prompt-lookup',
+        without loading the draft)."""
         from .export.loader import open_engine_dir
         target, drafter, config, tokenizer, eos, source, can_sample = open_engine_dir(engine_dir, backend, **options)
         dec = cls(target, drafter, config, tokenizer, eos, source)

@@ -1,5 +1,9 @@
 """The pt2 backend: the step graphs compiled ahead of time by AOTInductor (export/pt2.py), one package per model,
 all graphs of a model reading one copy of its weights (the engine's weights.safetensors, user-managed constants).
+
+On a CUDA device (a package compiled for CUDA), `capture_steps()` replays draft and verify as CUDA graphs like the
+torch engine (backends/cuda_graphs.py). specexport build compiles pt2 packages for the CPU only so far, so this
+path has only run through the CPU harness's interface, not on a GPU.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ class Pt2Engine(TorchScriptEngine):
 
     def __init__(self, package: Path, weights: Path, graphs: list[str], config: ModelConfig, max_batch: int,
                  cache_len: int, dtype: torch.dtype, ks: tuple[int, ...], aliases: dict[str, str] | None = None,
-                 shared: dict[str, torch.Tensor] | None = None):
+                 device: torch.device | str = "cpu", shared: dict[str, torch.Tensor] | None = None):
         """shared: a draft's tensors that are the target's (its name -> the target's tensor, held once)."""
         from safetensors.torch import load_file
         from torch._inductor.package import load_package
-        self.weights = load_file(str(weights))  # the one copy every graph reads (kept alive here: user-managed)
+        # the one copy every graph reads (kept alive here: user-managed)
+        self.weights = load_file(str(weights), device=str(device))
         self.weights.update(shared or {})
         runners = {}
         for name in graphs:
@@ -46,7 +51,8 @@ class Pt2Engine(TorchScriptEngine):
             runner.load_constants({n: self.weights[w] for n, w in names.items()}, check_full_update=True,
                                   user_managed=True)
             runners[name] = _compiled_call(runner)
-        super().__init__(runners, config, max_batch, cache_len, dtype, ks)  # cache_len: the graphs' S (+1)
+        super().__init__(runners, config, max_batch, cache_len, dtype, ks, device)  # cache_len: the graphs' S (+1)
+        self.max_kv_len = cache_len - 1  # the graphs take L <= S - 1 (export/pt2.py: pt2_cache_len)
 
     def _step(self, kind, k=0, sampling=False):
         return self.module[graph_name(kind, k, sampling)]

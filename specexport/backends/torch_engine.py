@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from ..config import DTYPES
 from ..errors import SpecExportError
 from ..models import KVCache, ModelConfig, StaticKVDecoder
-from ..steps import graph_name, make_step
+from ..steps import graph_name, io_names, make_step
+
+CAPTURED = ("draft", "verify")  # the steps capture_steps() replays as graphs (prefill stays eager)
 
 
 def set_threads(threads: int | None) -> None:
@@ -37,10 +39,12 @@ def _np(t: torch.Tensor) -> np.ndarray:  # numpy out: float outputs as float32 (
 
 
 class TorchEngine:
-    """Eager: any k and any prefill length (the last chunk runs unpadded, verify trims to the proposal)."""
+    """Eager: any k and any prefill length (the last chunk runs unpadded, verify trims to the proposal).
+    After `capture_steps()`, draft and verify are replayed as CUDA graphs (backends/cuda_graphs.py)."""
 
     fixed_shapes = False
     ks = None
+    graphs = None  # StepGraphs once capture_steps() was called
 
     def __init__(self, model: StaticKVDecoder, max_batch: int, cache_len: int, target_vocab: int | None = None):
         self.model = model
@@ -51,6 +55,7 @@ class TorchEngine:
         self.device = p.device
         self.cache = KVCache.allocate(self.config, max_batch, cache_len, p.dtype, p.device)  # [max_batch, Hkv, S, D]
         self.key_pos = torch.arange(cache_len, device=p.device)  # [S]; key_pos[:L] is a free view
+        self.max_kv_len = cache_len  # the longest key prefix the steps take (captured steps always read it all)
         self.max_batch = max_batch
         self._steps: dict[str, torch.nn.Module] = {}
         self.busy_s = 0.0  # seconds inside step calls (the benchmark's host-overhead split)
@@ -59,11 +64,37 @@ class TorchEngine:
         assert row0 + B <= self.max_batch, f"rows {row0}..{row0 + B - 1} exceed max_batch {self.max_batch}"
         return [t[row0:row0 + B] for t in self.cache.keys + self.cache.values]
 
+    def capture_steps(self, runtime=None, **options) -> "TorchEngine":
+        """Replay draft and verify as CUDA graphs from now on: one per (graph, batch bucket), captured on first
+        use. runtime: cuda_graphs.CudaRuntime on the engine's device by default (FakeRuntime: the CPU harness);
+        options: StepGraphs' (seed, warmup, check, device_uniforms, time_replays)."""
+        from .cuda_graphs import CudaRuntime, StepGraphs
+        if runtime is None:
+            if self.device.type != "cuda":
+                raise SpecExportError(f"CUDA graphs need the engine on a CUDA device; it is on {self.device}")
+            runtime = CudaRuntime(self.device)
+        self.graphs = StepGraphs(runtime, self.max_batch, **options)
+        self._steps = {}  # captured steps are built static (no data-dependent branch on the host)
+        return self
+
+    def _key_pos(self, kv_len: int) -> torch.Tensor:
+        """[L]: the cache prefix attention reads (captured steps: all of it, one fixed shape)."""
+        return self.key_pos[:self.max_kv_len if self.graphs is not None else kv_len]
+
     def _call(self, kind: str, k: int, sampling: bool, *inputs, row0: int = 0) -> list[np.ndarray]:
         """inputs: numpy arrays, or tensors already on the device (key_pos) -> the step's outputs as numpy."""
         step = self._step(kind, k, sampling)
-        inputs = [x if x is None or isinstance(x, torch.Tensor) else _t(x, self.device) for x in inputs]
         t0 = time.perf_counter()
+        if self.graphs is not None and kind in CAPTURED:
+            assert row0 == 0, "captured steps run over cache rows 0.."
+            names, outs = io_names(kind, k, sampling, self.config.num_layers)
+            host = [x if x is None or isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+                    for x in inputs]
+            out = self.graphs.run(graph_name(kind, k, sampling), names[:len(host)], step, host,
+                                  lambda Bb: self._kv(Bb), len(outs) - 2 * self.config.num_layers)
+            self.busy_s += time.perf_counter() - t0
+            return out
+        inputs = [x if x is None or isinstance(x, torch.Tensor) else _t(x, self.device) for x in inputs]
         out = step(*inputs, *self._kv(len(inputs[0]), row0))
         self.busy_s += time.perf_counter() - t0
         n = len(out) - 2 * self.config.num_layers  # the caches come last
@@ -72,7 +103,8 @@ class TorchEngine:
     def _step(self, kind: str, k: int = 0, sampling: bool = False):
         name = graph_name(kind, k, sampling)
         if name not in self._steps:
-            self._steps[name] = make_step(self.model, kind, k, sampling, self.target_vocab)
+            self._steps[name] = make_step(self.model, kind, k, sampling, self.target_vocab,
+                                          static=self.graphs is not None)
         return self._steps[name]
 
     @torch.inference_mode()
@@ -82,7 +114,7 @@ class TorchEngine:
     @torch.inference_mode()
     def draft(self, last_two, past_len, kv_len, k, sampling, u):
         s = () if sampling is None else (*sampling.as_tuple(), u)
-        out = self._call("draft", k, sampling is not None, last_two, past_len, self.key_pos[:kv_len], *s)
+        out = self._call("draft", k, sampling is not None, last_two, past_len, self._key_pos(kv_len), *s)
         return out[0], (out[1] if sampling is not None else None)
 
     @torch.inference_mode()
@@ -93,7 +125,7 @@ class TorchEngine:
             if k > 0:
                 s += (q if q is not None or not self.fixed_shapes
                       else F.one_hot(_t(tokens[:, 1:], self.device), self.vocab_size).float(),)
-        out = self._call("verify", k, sampling is not None, tokens, draft_len, past_len, self.key_pos[:kv_len], *s)
+        out = self._call("verify", k, sampling is not None, tokens, draft_len, past_len, self._key_pos(kv_len), *s)
         return out[0], out[1], out[2]
 
 
@@ -103,13 +135,14 @@ class TorchScriptEngine(TorchEngine):
     fixed_shapes = True
 
     def __init__(self, module, config: ModelConfig, max_batch: int, cache_len: int, dtype: torch.dtype,
-                 ks: tuple[int, ...]):
+                 ks: tuple[int, ...], device: torch.device | str = "cpu"):
         self.module = module
         self.config = config
         self.vocab_size = config.vocab_size
-        self.cache = KVCache.allocate(config, max_batch, cache_len, dtype)
-        self.device = torch.device("cpu")
-        self.key_pos = torch.arange(cache_len)
+        self.device = torch.device(device)
+        self.cache = KVCache.allocate(config, max_batch, cache_len, dtype, self.device)
+        self.key_pos = torch.arange(cache_len, device=self.device)
+        self.max_kv_len = cache_len
         self.max_batch = max_batch
         self.ks = ks
         self.busy_s = 0.0

@@ -15,7 +15,7 @@ from ..models.config import ModelConfig
 from .manifest import read_manifest
 
 LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "min_match", "prepack",
-                "drafter", "preload")
+                "drafter", "preload", "cuda_graphs")
 DRAFTERS = (PROMPT_LOOKUP, "model", "hybrid")
 
 
@@ -78,6 +78,11 @@ def _open(path: str, backend: str, options: dict):
     V = m["vocab_size"]
     device = options.get("device", "cpu")
 
+    def _graphs(eng):  # torch and pt2 on CUDA: draft and verify replayed as CUDA graphs unless cuda_graphs=False
+        if str(device).startswith("cuda") and options.get("cuda_graphs", True):
+            eng.capture_steps()
+        return eng
+
     def engine(role: str, target=None):
         """target: the loaded target engine, whose tensors a draft that shares them reads (held once)."""
         entry = m["models"][role]
@@ -102,17 +107,17 @@ def _open(path: str, backend: str, options: dict):
                                     m["dtype"], ks)
         if backend == "pt2":
             from .pt2 import open_pt2
-            return open_pt2(root, entry, m, max_batch, ks, device, target)
+            return _graphs(open_pt2(root, entry, m, max_batch, ks, device, target))
         if backend == "torch":
             from ..backends.torch_engine import TorchEngine, load_engine_model
             shared = None
             if target is not None and entry.get("shared"):
                 from .onnx_graphs import weight_tensors
                 shared = weight_tensors(target.model)
-            eng = TorchEngine(load_engine_model(root, entry, m["dtype"], m["cache_len"], shared), max_batch,
-                              m["cache_len"], target_vocab=vocab)
+            model = load_engine_model(root, entry, m["dtype"], m["cache_len"], shared).to(device)
+            eng = TorchEngine(model, max_batch, m["cache_len"], target_vocab=vocab)
             eng.ks = ks  # the same k values as the engine's other backends
-            return eng
+            return _graphs(eng)
         raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch, torchscript or pt2")
 
     return root, m, config, engine

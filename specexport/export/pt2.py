@@ -168,4 +168,5 @@ def open_pt2(root: Path, entry: dict, m: dict, max_batch: int, ks: tuple[int, ..
         theirs = target.weights if target is not None else load_file(str(root / entry["shared"]["file"]))
         shared = {n: theirs[t] for n, t in entry["shared"]["tensors"].items()}
     return Pt2Engine(root / pt2["file"], root / entry["weights"], pt2["graphs"], model_config(entry), max_batch,
-                     pt2["cache_len"], getattr(torch, DTYPES[m["dtype"]]), ks, pt2.get("aliases", {}), shared)
+                     pt2["cache_len"], getattr(torch, DTYPES[m["dtype"]]), ks, pt2.get("aliases", {}), device,
+                     shared)

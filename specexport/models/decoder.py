@@ -394,3 +394,28 @@ class StaticKVDecoder(nn.Module):
             new_v.append(pv)
         x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
         return _linear(self.lm_head, self.model.norm(x)).float(), new_k, new_v
+
+
+def random_decoder(cfg: ModelConfig, max_positions: int, seed: int = 0, logit_scale: float = 1.0,
+                   like: StaticKVDecoder | None = None, noise: float = 0.0, dtype: torch.dtype = torch.float32,
+                   device: torch.device | str = "cpu") -> StaticKVDecoder:
+    """A fused decoder with random weights (torch's default init, seeded, run on `device` in `dtype`: the same
+    seed gives other weights on another device type or dtype), for tests and the GPU self-test: no checkpoint, no
+    transformers. logit_scale sharpens its distributions (scales the final norm); like + noise: another decoder's
+    weights plus gaussian noise of std `noise` (a draft that partly agrees)."""
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialised in the final dtype: no fp32 copy of a large model on the way
+    try:
+        with torch.device(device):
+            model = StaticKVDecoder(cfg, max_positions).fuse().eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        if like is not None:
+            g = torch.Generator(device=device).manual_seed(seed)
+            for p, q in zip(model.parameters(), like.parameters()):
+                p.copy_(q.float() + torch.randn(p.shape, generator=g, device=p.device) * noise)
+        else:
+            model.model.norm.weight.mul_(logit_scale)
+    return model.to(dtype)

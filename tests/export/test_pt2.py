@@ -147,3 +147,22 @@ def test_pt2_refuses_quantized_layers(small, tmp_path):  # noqa: F811
     with pytest.raises(SpecExportError, match="pt2 has no low-bit kernel"):
         build(BuildConfig(target=small["target"], draft="quant:int4:b16", ks=(2,), max_seq_len=16, max_batch=2,
                           prefill_chunk=8, formats=("onnx", "pt2"), out=str(tmp_path / "q")), progress=False)
+
+
+def test_pt2_captured_steps_through_the_cpu_harness(sampling_engine):
+    """The CUDA-graph capture logic over the pt2 graphs (backends/cuda_graphs.py, FakeRuntime with its checks:
+    static buffers only, storage kept, poisoned caller inputs): the tokens of the pt2 engine run directly, greedy
+    and sampled, with the draft model and with prompt lookup (one-hot q built on the device)."""
+    from specexport.backends.cuda_graphs import FakeRuntime
+    prompts = [[1, 2, 3, 1, 2], [4, 5, 6, 7], [3, 3, 1]]
+    sampling = [SamplingParams(0.9, top_k=5, top_p=0.9, seed=5), SamplingParams(), SamplingParams(1.2, seed=6)]
+    for drafter in ("model", "prompt-lookup"):
+        plain, captured = (SpeculativeDecoder.load(sampling_engine, backend="pt2", max_batch=4, drafter=drafter)
+                           for _ in range(2))
+        for eng in (captured.target, getattr(captured.drafter, "engine", None)):
+            if eng is not None:
+                eng.capture_steps(FakeRuntime(), check=True)
+        for sp in (None, sampling):
+            want = [o.token_ids for o in plain.generate(prompts, 8, sampling=sp)]
+            assert [o.token_ids for o in captured.generate(prompts, 8, sampling=sp)] == want, (drafter, sp)
+        assert 4 in {key[1] for key in captured.target.graphs.graphs}  # 3 rows: the 4-row bucket

@@ -1,0 +1,50 @@
+"""tools/gpu_selftest.py: without CUDA it says so and exits 0; `--cpu` runs its whole table on the CPU (tiny
+models, FakeRuntime for the graphs); its imports need only torch and numpy (no transformers)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_selftest.py"
+
+
+@pytest.fixture(scope="module")
+def selftest():
+    spec = importlib.util.spec_from_file_location("gpu_selftest", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
+def test_without_cuda_says_so_and_exits_0(selftest, capsys):
+    assert selftest.main([]) == 0
+    assert "CUDA is not available" in capsys.readouterr().out
+
+
+def test_cpu_dry_run_prints_the_table(selftest, capsys):
+    status, rows = selftest.run(["--cpu", "--new", "8"])
+    out = capsys.readouterr().out
+    assert status == 0 and "all exactness checks passed" in out
+    exact = [r for r in rows if r["check"] == "exact"]
+    assert len(exact) == 2 * 2 * 2 * 3  # families x dtypes x graphs off/on x target-only/lookup/model
+    assert all(r["result"] == "ok" or r["result"].startswith("tie") for r in exact)
+    assert sum(r["accepted"] for r in exact if r["mode"] == "model") > 0
+    speed = [r for r in rows if r["check"] == "speed"]
+    assert sorted((r["B"], r["graphs"], r["mode"]) for r in speed) == sorted(
+        (B, g, m) for B in (1, 8) for g in ("off", "on") for m in ("target-only", "lookup"))
+    assert all(r["result"] in out for r in speed)  # printed as one table
+    for backend in ("onnxruntime-gpu", "TensorRT"):
+        assert backend in out or importlib.util.find_spec(backend.lower().replace("-gpu", "")) is not None
+
+
+def test_imports_need_no_transformers():
+    code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('t', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "print(sorted(n for n in ('transformers', 'onnx', 'safetensors') if n in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(TOOL)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

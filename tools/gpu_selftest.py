@@ -1,0 +1,283 @@
+#!/usr/bin/env python
+"""GPU self-test: one script, one GPU, under 5 minutes, torch and numpy only (no transformers, no files).
+
+    python tools/gpu_selftest.py            # on a CUDA machine
+    python tools/gpu_selftest.py --cpu      # a quick dry run of the same table on the CPU (tiny models only)
+
+It prints one table:
+- exact: greedy tokens of tiny random models (built from configs in code, models/decoder.random_decoder) on the
+  device, target-only and speculative (prompt lookup, a draft model), with and without CUDA graphs, fp32 and
+  bf16, against the CPU eager reference of the same model and dtype (target-only). A difference at a position
+  where the reference's top-2 logits are within a rounding step counts as a tie (reported, not failed).
+- speed: target-only against speculative (prompt lookup) at batch 1 and 8, with and without CUDA graphs, on a
+  larger random model (--speed-model): the decode steps timed with CUDA events after a warm-up run, tokens/s,
+  speed-up over target-only, mean tokens per step, and the share of each step spent outside kernels
+  (1 - device time of the graph replays / step time; graphs only: eager steps have no replay to time).
+  Random weights: the model's greedy output falls into loops that prompt lookup then predicts, so the
+  acceptance (and the speed-up) says how the runtime does at that acceptance, not what a trained model gets.
+Then one line per backend this script does not exercise that is not installed here (onnxruntime-gpu,
+TensorRT). Without CUDA it says so and exits 0. Exit status 1 when an exactness check fails.
+
+Targets on a GPU: host overhead < 5% of a step with CUDA graphs; speculative >= 1.5x target-only at batch 1
+on the prompt-lookup-friendly prompt. This script has not been run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's specexport, uninstalled too
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from specexport.backends.cuda_graphs import CudaRuntime, FakeRuntime  # noqa: E402
+from specexport.backends.torch_engine import TorchEngine  # noqa: E402
+from specexport.batch import Batch  # noqa: E402
+from specexport.config import DecoderConfig  # noqa: E402
+from specexport.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
+from specexport.models.config import ModelConfig  # noqa: E402
+from specexport.models.decoder import KVCache, random_decoder  # noqa: E402
+from specexport.runtime import SpeculativeDecoder  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TIE_MARGIN = {"fp32": 1e-3, "bf16": 0.125}  # top-2 logit gaps a different kernel's rounding may flip
+
+TINY = dict(model_type="llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=32)
+TINY_QWEN3 = dict(TINY, model_type="qwen3", qk_norm=True, num_layers=3)
+SPEED = {  # the speed model's shape (random weights, tied embeddings), built on the device
+    "8b": dict(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_layers=32,
+               num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0, tie_word_embeddings=True),
+    "1b": dict(model_type="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=16,
+               num_heads=16, num_kv_heads=4, head_dim=128, tie_word_embeddings=True),
+    "tiny": dict(TINY, tie_word_embeddings=True),
+}
+
+
+def prompts(V: int, n: int, seed: int = 0) -> list[list[int]]:
+    """n prompts: a repeated passage (prompt-lookup friendly) and random ids."""
+    g = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        passage = g.integers(3, V, 12).tolist()
+        out.append(passage * 3 if i % 2 == 0 else g.integers(3, V, 30).tolist())
+    return out
+
+
+class Setup:
+    """Where the engines run: device, graphs runtime, timer."""
+
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+        self.device = torch.device("cpu" if cpu else "cuda")
+
+    def runtime(self):
+        return FakeRuntime() if self.cpu else CudaRuntime(self.device)
+
+    def engine(self, model, dc: DecoderConfig, graphs: bool, vocab=None) -> TorchEngine:
+        eng = TorchEngine(model, dc.max_batch, dc.cache_len, target_vocab=vocab)
+        return eng.capture_steps(self.runtime(), time_replays=True) if graphs else eng
+
+    def sync(self):
+        if not self.cpu:
+            torch.cuda.synchronize(self.device)
+
+
+class _Events:
+    def __init__(self):
+        self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def start(self):
+        self.a.record()
+
+    def stop(self) -> float:
+        self.b.record()
+        self.b.synchronize()
+        return self.a.elapsed_time(self.b)
+
+
+class _Wall:
+    def start(self):
+        self.t = time.perf_counter()
+
+    def stop(self) -> float:
+        return (time.perf_counter() - self.t) * 1e3
+
+
+def decoder(setup: Setup, target, draft, dc: DecoderConfig, graphs: bool, drafter: str) -> SpeculativeDecoder:
+    d = None
+    if drafter == "model":
+        d = ModelDrafter(setup.engine(draft, dc, graphs, target.cfg.vocab_size), "draft")
+    elif drafter == "lookup":
+        d = PromptLookupDrafter(1, 3)
+    return SpeculativeDecoder(setup.engine(target, dc, graphs), d, dc)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for j, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return j
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def ref_margin(model, prompt: list[int], out: list[int], j: int, dc: DecoderConfig) -> float:
+    """The CPU reference's top-2 logit gap where its token j was chosen (teacher-forced over prompt + out)."""
+    seq = torch.tensor([prompt + out[:j]])
+    cache = KVCache.allocate(model.cfg, 1, dc.cache_len, next(model.parameters()).dtype)
+    with torch.inference_mode():
+        logits = model(seq, torch.zeros(1, dtype=torch.long), cache, seq.shape[1])[0, -1]
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def exact_rows(setup: Setup, new: int) -> tuple[list[dict], bool]:
+    rows, ok = [], True
+    dc = DecoderConfig(k=4, max_seq_len=160, max_batch=4, prefill_chunk=32)
+    for shape in (TINY, TINY_QWEN3):
+        cfg = ModelConfig(**shape)
+        ps = prompts(cfg.vocab_size, 3, seed=1)
+        for dname, dtype in DTYPES.items():
+            cpu_target = random_decoder(cfg, dc.cache_len, seed=1, logit_scale=6.0, dtype=dtype)
+            cpu_draft = random_decoder(cfg, dc.cache_len, seed=2, like=cpu_target, noise=0.02, dtype=dtype)
+            ref = [o.token_ids for o in decoder(Setup(True), cpu_target, None, dc, False, "none")
+                   .generate(ps, new, speculative=False)]
+            target = copy.deepcopy(cpu_target).to(setup.device)
+            draft = copy.deepcopy(cpu_draft).to(setup.device)
+            for graphs in (False, True):
+                for mode in ("target-only", "lookup", "model"):
+                    dec = decoder(setup, target, draft, dc, graphs, "none" if mode == "target-only" else mode)
+                    outs = dec.generate(ps, new, speculative=mode != "target-only")
+                    verdict, acc = "ok", sum(o.stats.accepted for o in outs)
+                    for p, o, r in zip(ps, outs, ref):
+                        j = first_divergence(o.token_ids, r)
+                        if j is None:
+                            continue
+                        m = ref_margin(cpu_target, p, r, j, dc) if j < len(r) else float("inf")
+                        if m < TIE_MARGIN[dname]:
+                            verdict = f"tie@{j} ({m:.2g})" if verdict == "ok" else verdict
+                        else:
+                            verdict, ok = f"FAIL@{j} (gap {m:.2g})", False
+                            break
+                    rows.append(dict(check="exact", model=cfg.model_type, dtype=dname, graphs=_on(graphs),
+                                     mode=mode, B=len(ps), result=verdict, accepted=acc))
+    return rows, ok
+
+
+def speed_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
+    cfg = ModelConfig(**SPEED[size])
+    dc = DecoderConfig(k=4, max_seq_len=512, max_batch=8, prefill_chunk=128)
+    t0 = time.perf_counter()
+    target = random_decoder(cfg, dc.cache_len, seed=3, dtype=DTYPES[dtype], device=setup.device)
+    setup.sync()
+    print(f"speed model {size}: {sum(p.numel() for p in target.parameters()) / 1e9:.2f}B parameters, random init "
+          f"in {time.perf_counter() - t0:.1f} s")
+    rows = []
+    for B in (1, 8):
+        ps = prompts(cfg.vocab_size, B, seed=4)
+        ps = [ps[0]] * B  # every row the prompt-lookup friendly one
+        base = {}
+        for graphs in (False, True):
+            dec = decoder(setup, target, None, dc, graphs, "lookup")
+            for mode in ("target-only", "lookup"):
+                spec = mode != "target-only"
+                decode(dec, ps, new, spec)  # warm-up (captures the graphs)
+                ms, steps, tokens, device_ms = decode(dec, ps, new, spec)
+                tps = tokens / ms * 1e3
+                base.setdefault(graphs, tps)
+                outside = f"{max(0.0, 1 - device_ms / ms):.1%}" if graphs else "-"
+                rows.append(dict(check="speed", model=size, dtype=dtype,
+                                 graphs=_on(graphs), mode=mode, B=B, result=f"{tps:,.0f} tok/s",
+                                 speedup=f"{tps / base[graphs]:.2f}x", per_step=f"{tokens / steps / B:.2f}",
+                                 step_ms=f"{ms / steps:.2f}", outside=outside))
+    del target
+    return rows
+
+
+def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool):
+    """The decode steps of one batch (prefill excluded), timed with CUDA events (wall clock on the CPU)
+    -> (ms, steps, decoded tokens, device ms of graph replays)."""
+    reqs = dec._prepare(ps, new, None, False, (), ignore_eos=True)
+    batch = Batch(dec, speculative, dec.config.k)
+    batch.admit(list(range(len(reqs))), reqs)
+    engines = [dec.target] + ([dec.drafter.engine] if getattr(dec.drafter, "engine", None) is not None else [])
+    graphs = [e.graphs for e in engines if e.graphs is not None]
+    before = sum(g.device_ms for g in graphs)
+    clock = _Events() if dec.target.device.type == "cuda" else _Wall()
+    steps = 0
+    clock.start()
+    while batch.rows():
+        batch.step()
+        steps += 1
+    ms = clock.stop()
+    tokens = sum(len(r.out) - 1 for r in reqs)  # the first token comes from prefill
+    return ms, steps, tokens, sum(g.device_ms for g in graphs) - before
+
+
+def _on(graphs: bool) -> str:
+    return "on" if graphs else "off"
+
+
+COLUMNS = [("check", 5), ("model", 16), ("dtype", 5), ("graphs", 6), ("mode", 11), ("B", 2), ("result", 22),
+           ("accepted", 8), ("speedup", 7), ("per_step", 8), ("step_ms", 7), ("outside", 7)]
+
+
+def table(rows: list[dict]) -> str:
+    head = "  ".join(f"{c:<{w}}" for c, w in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append("  ".join(f"{str(r.get(c, '')):<{w}}" for c, w in COLUMNS))
+    return "\n".join(lines)
+
+
+def backend_lines() -> list[str]:
+    lines = []
+    try:
+        import onnxruntime as ort
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            lines.append(f"onnxruntime-gpu: not installed (onnxruntime {ort.__version__} has no CUDA provider); "
+                         "pip install onnxruntime-gpu to run engines with backend=onnxruntime, device='cuda'")
+    except ImportError:
+        lines.append("onnxruntime-gpu: not installed (pip install onnxruntime-gpu)")
+    if importlib.util.find_spec("tensorrt") is None:
+        lines.append("TensorRT: not installed (pip install tensorrt)")
+    return lines
+
+
+def main(argv=None) -> int:
+    return run(argv)[0]
+
+
+def run(argv=None) -> tuple[int, list[dict]]:
+    """-> (exit status, the table's rows)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="dry run on the CPU: tiny models, FakeRuntime graphs")
+    ap.add_argument("--speed-model", choices=sorted(SPEED), default="8b", help="the speed rows' model (GPU)")
+    ap.add_argument("--new", type=int, default=None, help="new tokens per request (default 48 GPU, 12 CPU)")
+    args = ap.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        print(f"CUDA is not available (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): "
+              "nothing to test on a GPU here. `--cpu` runs the same table on the CPU as a dry run.")
+        return 0, []
+    setup = Setup(args.cpu)
+    new = args.new or (12 if args.cpu else 48)
+    t0 = time.perf_counter()
+    where = "CPU dry run (FakeRuntime stands in for CUDA graphs)" if args.cpu else torch.cuda.get_device_name()
+    print(f"specexport GPU self-test: {where}; torch {torch.__version__}")
+    rows, ok = exact_rows(setup, new)
+    rows += speed_rows(setup, "tiny" if args.cpu else args.speed_model, new if args.cpu else 4 * new,
+                       "fp32" if args.cpu else "bf16")
+    print(table(rows))
+    for line in backend_lines():
+        print(line)
+    print(f"{'all exactness checks passed' if ok else 'EXACTNESS FAILED'} in {time.perf_counter() - t0:.0f} s")
+    return (0 if ok else 1), rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())
