@@ -80,9 +80,12 @@ def format_search(report: dict) -> str:
              f"{report['cost_s']['head'] * 1e3:.2f} ms; searched in {report['search_s']}s",
              f"  {'layers':>6} {'agreement':>9} {'cost':>6} {'k':>2} {'predicted':>9}  kept"]
     for r in report["table"]:
-        mark = "  <- chosen" if r is report["chosen"] or r == report["chosen"] else ""
+        mark = "  <- chosen" if r == report["chosen"] else ""
         lines.append(f"  {r['layers']:>6} {r['agreement']:>9.3f} {r['cost']:>6.3f} {r['k']:>2} "
                      f"{r['predicted']:>8.2f}x  {r['keep']}{mark}")
+    if report["chosen"]["predicted"] < 1.0:
+        lines.append(f"  note: no layer set is predicted to beat target-only here (best {report['chosen']['predicted']}"
+                     "x): k=auto will mostly leave this draft unused; a deeper target, or prompt lookup, pays more")
     return "\n".join(lines)
 
 
