@@ -283,12 +283,21 @@ def cmd_bench(a) -> int:
     if unknown:
         raise SpecExportError(f"--hf {a.hf!r}: choose from generate, prompt_lookup, assistant_int8 (or none)")
     cfg = BenchConfig(prompts=prompts, engines=engines, max_new_tokens=a.max_new_tokens, per_category=a.per_category,
-                      auto=not a.no_auto, hf=hf, prepack=not a.no_prepack, threads=a.threads, reps=a.reps)
+                      auto=not a.no_auto, hf=hf, prepack=not a.no_prepack, threads=a.threads, reps=a.reps,
+                      backends=_bench_backends(a.backends))
     result = run_bench(cfg, log=lambda s: print(s, file=sys.stderr))
     rep = write_report(result, a.out)
     print(rep["markdown"])
     print("written: " + ", ".join(rep["files"]), file=sys.stderr)
     return 0
+
+
+def _bench_backends(text: str | None) -> tuple[str, ...]:
+    extra = tuple(b for b in (text or "").split(",") if b and b != "onnxruntime")
+    bad = [b for b in extra if b not in BACKENDS]
+    if bad:
+        raise SpecExportError(f"--backends {text!r}: {bad[0]!r} is not a backend; choose from {', '.join(BACKENDS)}")
+    return extra
 
 
 def cmd_inspect(a) -> int:
@@ -389,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--requests", type=int, default=32, help="--clients: requests per level and mode")
     bn.add_argument("--load-k", default=None, help="--clients: speculative modes besides target-only (default auto,4)")
     bn.add_argument("--no-prepack", action="store_true", help="onnxruntime without weight pre-packing")
+    bn.add_argument("--backends", default=None, help="also time the first engine on these backends (e.g. pt2,torch: "
+                                                     "target-only and prompt lookup at the largest k; the engine needs "
+                                                     "their formats)")
     bn.add_argument("--threads", type=int, default=None)
     bn.add_argument("--out", default="bench-results")
     bn.set_defaults(func=cmd_bench)

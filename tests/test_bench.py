@@ -100,3 +100,26 @@ def test_bench_input_errors(bench_setup, tmp_path, capsys):
     with pytest.raises(SpecExportError, match="not JSON"):
         (tmp_path / "nj.jsonl").write_text("{nope\n")
         read_prompts(str(tmp_path / "nj.jsonl"))
+
+
+def test_bench_times_other_backends_beside_onnxruntime(tmp_path, capsys):
+    """--backends: the first engine on torch and torchscript too (a pt2 engine takes minutes to compile; pt2 rows
+    are the same code), rows named <mode>[<backend>], tokens identical to the reference."""
+    make_tiny(tmp_path / "t", "llama", seed=4, tokenizer=word_tokenizer(WORDS), logit_scale=4.0,
+              tie_word_embeddings=False)
+    engine = build(BuildConfig(target=str(tmp_path / "t"), ks=(2,), max_seq_len=64, max_batch=1, prefill_chunk=16,
+                               sampling=False, formats=("onnx", "torchscript"), out=str(tmp_path / "e")),
+                   progress=False)["out"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "copy", "prompt": " ".join(WORDS[3:12] * 2)}) + "\n")
+    assert main(["bench", "--engine", engine, "--prompts", str(prompts), "--max-new-tokens", "8", "--hf", "none",
+                 "--no-auto", "--backends", "torch,torchscript", "--out", str(tmp_path / "out")]) == 0
+    md = capsys.readouterr().out
+    result = json.loads((tmp_path / "out" / "bench.json").read_text())
+    names = [m["name"] for m in result["modes"]]
+    assert names[-4:] == ["target_only[torch]", "prompt-lookup@k2[torch]", "target_only[torchscript]",
+                          "prompt-lookup@k2[torchscript]"]
+    assert all(result["records"][0]["identical"].values())
+    assert "| target_only[torch] |" in md
+    assert main(["bench", "--engine", engine, "--prompts", str(prompts), "--backends", "tensorrt"]) == 2
+    assert "'tensorrt' is not a backend" in capsys.readouterr().err

@@ -270,8 +270,8 @@ def plots(result: dict, summary: dict, out: Path) -> list[str]:
     table = summary["table"]["all"]
     by_drafter: dict = defaultdict(list)
     for m in result["modes"]:
-        if isinstance(m["k"], int) and "@" in m["name"]:
-            by_drafter[m["drafter"]].append((m["k"], m["name"]))
+        if isinstance(m["k"], int) and "@" in m["name"] and not m["name"].endswith("]"):  # ([backend] rows: tok/s
+            by_drafter[m["drafter"]].append((m["k"], m["name"]))  # only)
     files = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, (d, pts) in enumerate(sorted(by_drafter.items())):

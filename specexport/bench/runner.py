@@ -9,6 +9,8 @@ Modes (names are the report's row labels):
   target_only_again          the same again (with k=auto rows): the A/A control, the noise floor of a ratio
   <drafter>@k<k>, <drafter>@auto   specexport speculative, one drafter over the shared target engine (each
                                    draft model also as the hybrid prompt-lookup+<draft>)
+  target_only[<b>], prompt-lookup@k<max k>[<b>]   --backends: the first engine on another backend (pt2, torch,
+                                   torchscript), for its tok/s beside ONNX Runtime's (no prediction columns)
 All specexport modes share one loaded target engine (ONNX Runtime); each quantized drafter comes from its own
 engine folder, built once with the same k values. Greedy, chat template, batch 1.
 """
@@ -43,6 +45,7 @@ class BenchConfig:
     threads: int | None = None
     warmup: int = 1  # warm-up generations per mode, excluded
     reps: int = 1  # runs of every mode per prompt (alternating); a prompt's figures pool its runs
+    backends: tuple[str, ...] = ()  # other backends of the first engine to time beside onnxruntime
 
 
 @dataclass
@@ -135,6 +138,14 @@ def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
             modes.append(Mode(f"{name}@k{k}", name, k, se(dec, k)))
         if cfg.auto:
             modes.append(Mode(f"{name}@auto", name, "auto", se(dec, "auto")))
+
+    for b in cfg.backends:  # the same engine on another backend: target-only and prompt lookup, tok/s only
+        other = SpeculativeDecoder.load(cfg.engines[0], backend=b, drafter=PROMPT_LOOKUP, max_batch=1,
+                                        threads=cfg.threads)
+        for name, k in (("target_only", 0), (f"{PROMPT_LOOKUP}@k{max(ks)}", max(ks))):
+            run = se(other, k)
+            modes.append(Mode(f"{name}[{b}]", f"{'none' if k == 0 else PROMPT_LOOKUP}[{b}]", k,
+                              lambda ids, run=run: (run(ids)[0], None)))
 
     if cfg.hf:
         log("[bench] loading the transformers baselines from the same file")
