@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -278,6 +279,8 @@ def serve(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, k: int | s
           speculative: bool = True, log_level: str = "info") -> None:
     """Load the engine folder and serve it until interrupted."""
     import uvicorn
+    if os.environ.get("SPECEXPORT_SWITCH_INTERVAL"):  # (experiment: the GIL hand-over between loop and engine)
+        sys.setswitchinterval(float(os.environ["SPECEXPORT_SWITCH_INTERVAL"]))
     options = {"max_batch": max_batch, "threads": threads, "prepack": prepack or None}
     dec = SpeculativeDecoder.load(engine_dir, **{n: v for n, v in options.items() if v is not None})
     srv = OpenAIServer(dec, model_name or Path(engine_dir).resolve().name, k=k, speculative=speculative,
