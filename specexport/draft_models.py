@@ -57,7 +57,10 @@ def layer_draft(spec: str, target: LoadedModel, ks: tuple[int, ...] | None = Non
     from .models.skip import quantized_skip, skip_layers
     ls = LayerSpec.parse(spec)
     record: dict = {}
-    if ls.keep is None:
+    if ls.keep is None and target.config.num_layers < 2:
+        raise SpecExportError(f"draft {spec!r}: the target has {target.config.num_layers} layer, so there is none to "
+                              "skip: use prompt-lookup or quant:int8")
+    if ls.keep is None:  # (a quantized variant's set is chosen on the float layers)
         from .models.layer_search import KS, search_layers
         keep, record["layer_search"] = search_layers(target, tuple(ks or KS), show)
     else:

@@ -394,3 +394,15 @@ def test_cli_serves_an_engine_folder_and_refuses_bad_input(texty_engine, tmp_pat
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_server_process_hands_the_gil_over_quickly(monkeypatch):
+    import sys
+    from specexport.serve.openai_server import SWITCH_INTERVAL, set_switch_interval
+    before = sys.getswitchinterval()
+    try:
+        assert set_switch_interval() == SWITCH_INTERVAL and abs(sys.getswitchinterval() - SWITCH_INTERVAL) < 1e-9
+        monkeypatch.setenv("SPECEXPORT_SWITCH_INTERVAL", "0.001")
+        assert set_switch_interval() == 0.001
+    finally:
+        sys.setswitchinterval(before)

@@ -89,6 +89,12 @@ def test_layer_lists_that_do_not_fit_get_one_clear_error(tiny, spec, msg):
         SpeculativeDecoder.from_pretrained(tiny["llama"]["target"], spec, max_seq_len=32)
 
 
+def test_auto_on_a_one_layer_target_says_there_is_nothing_to_skip(tmp_path):
+    make_tiny(tmp_path / "t", "qwen2", num_hidden_layers=1)
+    with pytest.raises(SpecExportError, match="the target has 1 layer, so there is none to skip"):
+        SpeculativeDecoder.from_pretrained(str(tmp_path / "t"), "layers:auto", max_seq_len=32)
+
+
 def test_cli_refuses_a_bad_layer_list_before_any_work(tiny, tmp_path):
     r = subprocess.run([sys.executable, "-m", "specexport.cli", "build", "--target", tiny["llama"]["target"],
                         "--draft", "layers:0,7", "--out", str(tmp_path / "e")], capture_output=True, text=True)
