@@ -17,13 +17,14 @@ from specexport import SamplingParams, SpeculativeDecoder
 
 V, NEW, N = 8, 3, 10000
 PROMPT = [1, 2, 3, 1, 2]  # repeats, so prompt lookup proposes something
+SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+ENGINE_SHAPES = dict(ks=(2,), max_seq_len=16, max_batch=100, prefill_chunk=8)  # engines for the enumeration
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     root = tmp_path_factory.mktemp("small")
-    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-              num_key_value_heads=1)
+    kw = dict(SMALL, num_hidden_layers=1)
     target = make_tiny(root / "target", "qwen2", seed=1, logit_scale=6.0, **kw)
     draft = make_tiny(root / "draft", "qwen2", seed=1, logit_scale=3.0, perturb_from=target, perturb=0.3, **kw)
     return dict(target=str(root / "target"), draft=str(root / "draft"), hf=target, hf_draft=draft)

@@ -159,9 +159,9 @@ def open_torchscript(path: Path, config: ModelConfig, max_batch: int, cache_len:
 
 def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
                       shared: dict[str, torch.Tensor] | None = None) -> StaticKVDecoder:
-    """The eager decoder from an engine folder's own weights file (the one the ONNX graphs point into). A draft that
-    shares tensors with the target (entry["shared"]) takes them from `shared` (the target's weights by file name,
-    used as they are: held once), or from the target's file."""
+    """The eager decoder from an engine folder's own weights file (the one the ONNX graphs point into), plus, for a
+    draft that shares tensors with the target, `shared` (its name -> the target's tensor, loader.shared_tensors),
+    used as they are: held once."""
     from safetensors.torch import load_file
     c = entry["config"]
     legacy = entry.get("quant") and not entry.get("quant_layers")  # quantized from random weights, then loaded
@@ -174,10 +174,7 @@ def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
     if legacy:  # (engines built before quant_layers was recorded)
         from ..models.quant import QuantSpec, quantize_model
         model = quantize_model(model, QuantSpec(**entry["quant"]))
-    state = load_file(str(root / entry["weights"]))
-    if entry.get("shared"):
-        theirs = shared if shared is not None else load_file(str(root / entry["shared"]["file"]))
-        state.update({n: theirs[t] for n, t in entry["shared"]["tensors"].items()})
+    state = {**load_file(str(root / entry["weights"])), **(shared or {})}
     state = {n.removeprefix("model."): t for n, t in state.items()}
     wanted = model.state_dict()
     tied = model.cfg.tie_word_embeddings and type(model.lm_head) is torch.nn.Linear  # (not a quantized head)

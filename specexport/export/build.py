@@ -31,7 +31,7 @@ from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_mode
 from ..models.layer_spec import LayerSpec, is_layers_spec
 from ..steps import graph_list
 from .manifest import MANIFEST, write_manifest
-from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, safetensors_offsets, shared_tensors, write_weights
+from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, shared_tensors, write_weights
 from .torchscript import export_torchscript
 
 TORCHSCRIPT_FILE = "steps.torchscript.pt"
@@ -71,14 +71,15 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     if cfg.target_quant and torch_formats:
         raise SpecExportError(f"--target-quant exports to ONNX (MatMulNBits) only; {torch_formats[0]} has no low-bit "
                               f"kernel: drop {','.join(torch_formats)} from --format")
-    if is_layers_spec(cfg.draft) and LayerSpec.parse(cfg.draft).quant and torch_formats:
+    layer_spec = LayerSpec.parse(cfg.draft) if is_layers_spec(cfg.draft) else None
+    if layer_spec and layer_spec.quant and torch_formats:
         raise SpecExportError(f"draft {cfg.draft!r} is quantized, which exports to ONNX (MatMulNBits) only: drop "
                               f"{','.join(torch_formats)} from --format, or drop the :int8/:int4 suffix")
     for spec, role in ((cfg.target, "target"), (cfg.draft, "draft")):
         if spec != PROMPT_LOOKUP and not is_quant_spec(spec) and not is_layers_spec(spec):
             read_config(resolve_path(spec, role))
-    if is_layers_spec(cfg.draft) and LayerSpec.parse(cfg.draft).keep is not None:  # a list that doesn't fit fails
-        LayerSpec.parse(cfg.draft).check(read_config(resolve_path(cfg.target)).num_layers, cfg.draft)  # now
+    if layer_spec and layer_spec.keep is not None:  # a list that doesn't fit fails now
+        layer_spec.check(read_config(resolve_path(cfg.target)).num_layers, cfg.draft)
     st = _Stages(progress)
 
     st.start("load", "loading the models and checking the pair")
@@ -87,7 +88,7 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     models: dict[str, LoadedModel] = {"target": target}
     # a quantized-copy draft starts from the float weights (quantize the target after it); a float layers: draft
     # is the target's own modules, quantized or not (quantize before it)
-    shares_modules = is_layers_spec(cfg.draft) and not LayerSpec.parse(cfg.draft).quant
+    shares_modules = layer_spec is not None and not layer_spec.quant
     if cfg.target_quant and shares_modules:
         quantize_model(target.model, cfg.target_quant_spec())
     if cfg.draft != PROMPT_LOOKUP:  # an unfit draft fails here, before any export
@@ -100,7 +101,7 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     V = target.config.vocab_size
-    entries = {}
+    entries, written = {}, {}  # role -> its weights file's layout (write_weights)
     work = [(role, g) for role in models for g in graph_list(role, cfg)]
     st.start("export", f"{len(work)} graphs x {', '.join(cfg.formats)}")
     bar = tqdm(total=len(work) * len(cfg.formats), disable=not progress, unit="graph", file=sys.stderr)
@@ -114,11 +115,9 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         entry = {"source": m.source, "config": asdict(m.config), "kv_dtype": str(next(m.model.parameters()).dtype
                                                                                ).replace("torch.", ""),
                  "weights": f"{place}/{prefix}{WEIGHTS_FILE}", "graphs": {}, **m.record}
-        if shared:
-            target_weights = {n: (WEIGHTS_FILE, off, length)
-                              for n, (off, length) in safetensors_offsets(folder / WEIGHTS_FILE).items()}
+        if shared:  # (the target's weights were written first: written["target"] places them)
             entry["shared"] = {"file": f"target/{WEIGHTS_FILE}", "tensors": shared,
-                               "bytes": sum(target_weights[t][2] for t in shared.values())}
+                               "bytes": sum(written["target"][t][2] for t in shared.values())}
         if role == "draft" and quant is not None:
             entry["quant"] = asdict(quant)
         layers = quant_layers(m.model)
@@ -129,8 +128,8 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
                                       f"ONNX (MatMulNBits) only: drop {','.join(torch_formats)} from --format, or "
                                       "pass --dtype fp32 for a dequantized engine")
         weights = write_weights(m.model, folder / f"{prefix}{WEIGHTS_FILE}", skip=set(shared))  # (the torch
-        if shared:  # backend reads it too)
-            weights.update({n: target_weights[t] for n, t in shared.items()})
+        written[role] = dict(weights)  # backend reads it too)
+        weights.update({n: written["target"][t] for n, t in shared.items()})
         if "onnx" in cfg.formats:
             for name, kind, k, sampling in graphs:
                 bar.set_description(f"{role} {name} (onnx)")
@@ -148,7 +147,7 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
             bar.update(len(graphs))
         if "pt2" in cfg.formats:
             entry["pt2"] = export_pt2_entry(m.model, role, graph_list(role, cfg, "portable"), cfg, dec_cfg.cache_len,
-                                            V, folder, bar, prefix, place)
+                                            V, folder, bar, place, prefix)
         entries[role] = entry
     bar.close()
     st.done()
@@ -188,7 +187,7 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
 
 
 def export_pt2_entry(model, role: str, graphs, cfg: BuildConfig, cache_len: int, V: int, folder: Path, bar,
-                     prefix: str = "", place: str | None = None) -> dict:
+                     place: str, prefix: str = "") -> dict:
     """AOTInductor-compile a role's graphs into folder/<prefix>steps.pt2 -> its manifest entry (the torch version
     that built it, which is the only one that can load it; seconds per graph)."""
     from .pt2 import PT2_FILE, export_pt2, pt2_cache_len, weight_aliases
@@ -198,7 +197,7 @@ def export_pt2_entry(model, role: str, graphs, cfg: BuildConfig, cache_len: int,
     seconds = export_pt2(model, graphs, cfg.prefill_chunk, cache_len, V, cfg.max_batch, folder / f"{prefix}{PT2_FILE}",
                          on_graph)
     bar.update(len(graphs))
-    return {"file": f"{place or role}/{prefix}{PT2_FILE}", "graphs": [g[0] for g in graphs], "torch": torch.__version__,
+    return {"file": f"{place}/{prefix}{PT2_FILE}", "graphs": [g[0] for g in graphs], "torch": torch.__version__,
             "device": "cpu", "cache_len": pt2_cache_len(cache_len), "aliases": weight_aliases(model),
             "compile_s": seconds}
 

@@ -24,6 +24,19 @@ def model_config(entry: dict) -> ModelConfig:
     return ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])})
 
 
+def shared_tensors(root: Path, entry: dict, theirs: dict | None = None) -> dict | None:
+    """A draft's tensors that are the target's (entry["shared"]: its name -> the target's): taken from `theirs`
+    (the loaded target's tensors by file name: held once), or from the target's file; None for other models.
+    (The onnxruntime engine resolves them itself, as OrtValues.)"""
+    shared = entry.get("shared")
+    if not shared:
+        return None
+    if theirs is None:
+        from safetensors.torch import load_file
+        theirs = load_file(str(root / shared["file"]))
+    return {n: theirs[t] for n, t in shared["tensors"].items()}
+
+
 def check_graphs(m: dict) -> None:
     """Every graph the manifest's k values and modes call for is there, with the inputs and outputs (names and
     batch-free shapes) this version of the runtime binds."""
@@ -107,13 +120,15 @@ def _open(path: str, backend: str, options: dict):
                                     m["dtype"], ks)
         if backend == "pt2":
             from .pt2 import open_pt2
-            return _graphs(open_pt2(root, entry, m, max_batch, ks, device, target))
+            shared = shared_tensors(root, entry, target.weights if target is not None else None)
+            return _graphs(open_pt2(root, entry, m, max_batch, ks, device, shared))
         if backend == "torch":
             from ..backends.torch_engine import TorchEngine, load_engine_model
-            shared = None
+            theirs = None
             if target is not None and entry.get("shared"):
                 from .onnx_graphs import weight_tensors
-                shared = weight_tensors(target.model)
+                theirs = weight_tensors(target.model)
+            shared = shared_tensors(root, entry, theirs)
             model = load_engine_model(root, entry, m["dtype"], m["cache_len"], shared).to(device)
             eng = TorchEngine(model, max_batch, m["cache_len"], target_vocab=vocab)
             eng.ks = ks  # the same k values as the engine's other backends

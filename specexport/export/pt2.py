@@ -145,9 +145,9 @@ def export_pt2(model: StaticKVDecoder, graphs: list[tuple[str, str, int, bool]],
 
 
 def open_pt2(root: Path, entry: dict, m: dict, max_batch: int, ks: tuple[int, ...], device: str = "cpu",
-             target=None):
-    """The Pt2Engine of one role of an engine folder, after checking the package can load here (target: the
-    target's Pt2Engine, whose tensors a sharing draft reads)."""
+             shared: dict | None = None):
+    """The Pt2Engine of one role of an engine folder, after checking the package can load here (shared: a
+    sharing draft's tensors that are the target's, loader.shared_tensors)."""
     from ..backends.pt2_engine import Pt2Engine
     from ..config import DTYPES
     from ..errors import SpecExportError
@@ -162,11 +162,6 @@ def open_pt2(root: Path, entry: dict, m: dict, max_batch: int, ks: tuple[int, ..
     if device != pt2["device"]:
         raise SpecExportError(f"{root}/{pt2['file']} was compiled for {pt2['device']}, not {device}: rebuild it on "
                               f"a {device} machine, or load with device={pt2['device']!r}")
-    shared = None
-    if entry.get("shared"):
-        from safetensors.torch import load_file
-        theirs = target.weights if target is not None else load_file(str(root / entry["shared"]["file"]))
-        shared = {n: theirs[t] for n, t in entry["shared"]["tensors"].items()}
     return Pt2Engine(root / pt2["file"], root / entry["weights"], pt2["graphs"], model_config(entry), max_batch,
                      pt2["cache_len"], getattr(torch, DTYPES[m["dtype"]]), ks, pt2.get("aliases", {}), device,
                      shared)

@@ -135,17 +135,15 @@ def _costs(model: StaticKVDecoder, steps: int = 30) -> tuple[float, float]:
     """-> (head seconds, seconds per layer) of a one-token decode step at batch 1: the full model and the model
     with one layer, timed alternately (median of `steps`)."""
     L = model.cfg.num_layers
-    full, one = model, skip_layers(model, (0,))
-    times = {id(full): [], id(one): []}
-    caches = {id(m): KVCache.allocate(m.cfg, 1, 64, next(m.parameters()).dtype) for m in (full, one)}
+    runs = [(m, KVCache.allocate(m.cfg, 1, 64, next(m.parameters()).dtype), [])  # (model, cache, seconds)
+            for m in (model, skip_layers(model, (0,)))]
     tok, past = torch.tensor([[1]]), torch.tensor([31])
     for i in range(steps + 3):
-        for m in (full, one):
+        for m, cache, times in runs:
             t = time.perf_counter()
-            m(tok, past, caches[id(m)], 64)
+            m(tok, past, cache, 64)
             if i >= 3:  # warm-up excluded
-                times[id(m)].append(time.perf_counter() - t)
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    t_full, t_one = med(times[id(full)]), med(times[id(one)])
+                times.append(time.perf_counter() - t)
+    t_full, t_one = (sorted(times)[len(times) // 2] for _, _, times in runs)
     layer = max(t_full - t_one, 1e-9) / max(L - 1, 1)
     return max(t_one - layer, 0.0), layer

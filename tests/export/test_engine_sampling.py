@@ -6,14 +6,14 @@ import pytest
 from specexport import SpeculativeDecoder
 from specexport.config import BuildConfig
 from specexport.export.build import build
-from test_runtime_sampling import CASES, N, chi2_pvalue, exact_distribution, sample, small  # noqa: F401 (fixture)
+from test_runtime_sampling import (CASES, ENGINE_SHAPES, N, chi2_pvalue, exact_distribution, sample,  # noqa: F401
+                                   small)  # (small: a fixture)
 
 
 @pytest.fixture(scope="module")
 def engine_dir(small, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("sampling") / "eng"
-    build(BuildConfig(target=small["target"], draft=small["draft"], ks=(2,), max_seq_len=16, max_batch=100,
-                      prefill_chunk=8, out=str(out)), progress=False)
+    build(BuildConfig(target=small["target"], draft=small["draft"], out=str(out), **ENGINE_SHAPES), progress=False)
     return str(out)
 
 
@@ -46,8 +46,7 @@ def test_onnxruntime_target_only_sampling(small, engine):  # noqa: F811
 @pytest.fixture(scope="module")
 def quant_engine(small, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("sampling") / "quant"
-    build(BuildConfig(target=small["target"], draft="quant:int4:b16", ks=(2,), max_seq_len=16, max_batch=100,
-                      prefill_chunk=8, out=str(out)), progress=False)
+    build(BuildConfig(target=small["target"], draft="quant:int4:b16", out=str(out), **ENGINE_SHAPES), progress=False)
     return SpeculativeDecoder.load(str(out), backend="onnxruntime")
 
 

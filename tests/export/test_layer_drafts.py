@@ -15,7 +15,7 @@ from specexport.config import BuildConfig
 from specexport.export.build import build
 from specexport.export.inspect import describe, format_description
 from specexport.models.layer_spec import LayerSpec, format_layers
-from test_runtime_sampling import CASES, N, V, chi2_pvalue, exact_distribution, sample
+from test_runtime_sampling import CASES, ENGINE_SHAPES, N, SMALL, chi2_pvalue, exact_distribution, sample
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]]
 
@@ -158,11 +158,9 @@ def test_quantized_copy_reads_the_targets_embedding(tiny, tmp_path):
 def small2(tmp_path_factory):
     """A 2-layer model over V tokens (tests/test_runtime_sampling.py's enumeration); the draft keeps layer 1."""
     root = tmp_path_factory.mktemp("small2")
-    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=1)
-    hf = make_tiny(root / "target", "qwen2", seed=1, logit_scale=6.0, **kw)
-    out = build(BuildConfig(target=str(root / "target"), draft="layers:1", ks=(2,), max_seq_len=16, max_batch=100,
-                            prefill_chunk=8, out=str(root / "eng")), progress=False)["out"]
+    hf = make_tiny(root / "target", "qwen2", seed=1, logit_scale=6.0, **SMALL, num_hidden_layers=2)
+    out = build(BuildConfig(target=str(root / "target"), draft="layers:1", out=str(root / "eng"), **ENGINE_SHAPES),
+                progress=False)["out"]
     return dict(hf=hf, engine=out)
 
 

@@ -16,7 +16,8 @@ from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
 from specexport.config import BuildConfig
 from specexport.export.build import build
 from test_runtime_greedy import NEW, PROMPTS
-from test_runtime_sampling import CASES, N, chi2_pvalue, exact_distribution, sample, small  # noqa: F401 (fixture)
+from test_runtime_sampling import (CASES, ENGINE_SHAPES, N, chi2_pvalue, exact_distribution, sample,  # noqa: F401
+                                   small)  # (small: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,8 @@ def test_pt2_greedy_equals_transformers(lookup_engines, family):
 def sampling_engine(small, tmp_path_factory):  # noqa: F811
     """The sampling test's tiny qwen2 pair, one engine in every format: k=2, max_batch 100."""
     out = tmp_path_factory.mktemp("pt2_sampling") / "eng"
-    info = build(BuildConfig(target=small["target"], draft=small["draft"], ks=(2,), max_seq_len=16, max_batch=100,
-                             prefill_chunk=8, formats=("onnx", "torchscript", "pt2"), out=str(out)), progress=False)
+    info = build(BuildConfig(target=small["target"], draft=small["draft"], formats=("onnx", "torchscript", "pt2"),
+                             out=str(out), **ENGINE_SHAPES), progress=False)
     return info["out"]
 
 
