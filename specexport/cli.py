@@ -190,12 +190,11 @@ BENCH_DRAFTS = ("quant:int8:b32:sym", "quant:int4:b32:asym")
 def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) -> str:
     """An engine folder for one drafter (reused when its manifest already matches), built for batch 1."""
     from .export.build import build
-    from .export.manifest import MANIFEST
     from .models.quant import QuantSpec, is_quant_spec
     name = QuantSpec.parse(spec).name if is_quant_spec(spec) else spec
     out = folder / name.replace(":", "-")
-    if (out / MANIFEST).exists():
-        m = json.loads((out / MANIFEST).read_text())
+    m = _current_manifest(out)
+    if m:
         if m.get("ks") == sorted(ks) and m["models"].get("draft", {}).get("source") == name and m["max_batch"] == 1 \
                 and m.get("weights") == "dequantized":
             return str(out)
@@ -205,19 +204,31 @@ def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) 
     return str(out)
 
 
-VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-int4": dict(target_quant="int4"),
+VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-int4": dict(target_quant="int4:b32:sym"),
                   "se-gguf-fp32act": dict(activations="fp32")}
+
+
+def _current_manifest(out: Path) -> dict | None:
+    """The manifest of an engine folder the benchmarks may reuse: one this code would build the same way
+    (its `graph_code` fingerprint matches); None when absent or built by other code."""
+    from .export.manifest import MANIFEST, graph_code
+    if not (out / MANIFEST).exists():
+        return None
+    m = json.loads((out / MANIFEST).read_text())
+    if m.get("graph_code") != graph_code():
+        print(f"[bench] {out} was built by other graph code: rebuilding it", file=sys.stderr)
+        return None
+    return m
 
 
 def _versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
     """One of the peer comparison's engines of the default model (reused when its manifest matches)."""
     from .export.build import build
-    from .export.manifest import MANIFEST
     opts = VERSUS_ENGINES[label]
     cfg = BuildConfig(ks=ks, max_seq_len=1024, max_batch=1, sampling=False, out=str(folder / label), **opts)
     out = folder / label
-    if (out / MANIFEST).exists():
-        m = json.loads((out / MANIFEST).read_text())
+    m = _current_manifest(out)
+    if m:
         if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations"), m.get("target_quant")) \
                 == (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations,
                     cfg.target_quant):

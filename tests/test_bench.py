@@ -123,3 +123,18 @@ def test_bench_times_other_backends_beside_onnxruntime(tmp_path, capsys):
     assert "| target_only[torch] |" in md
     assert main(["bench", "--engine", engine, "--prompts", str(prompts), "--backends", "tensorrt"]) == 2
     assert "'tensorrt' is not a backend" in capsys.readouterr().err
+
+
+def test_benchmarks_rebuild_engines_built_by_other_graph_code(tmp_path, capsys):
+    """`bench` reuses an engine folder only when the code that builds graphs is unchanged (the manifest's
+    graph_code), so a benchmark never times graphs an older build wrote."""
+    import json
+    from specexport.cli import _current_manifest
+    from specexport.export.manifest import graph_code
+    assert _current_manifest(tmp_path) is None
+    (tmp_path / "manifest.json").write_text(json.dumps({"graph_code": graph_code(), "ks": [2]}))
+    assert _current_manifest(tmp_path)["ks"] == [2]
+    (tmp_path / "manifest.json").write_text(json.dumps({"graph_code": "0" * 16, "ks": [2]}))
+    assert _current_manifest(tmp_path) is None
+    assert "built by other graph code" in capsys.readouterr().err
+    assert len(graph_code()) == 16 and graph_code() == graph_code()

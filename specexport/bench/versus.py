@@ -5,7 +5,8 @@ Systems, grouped by bit width (every system on a prompt before the next prompt, 
          se-fp32 target-only and prompt lookup @auto (the dequantized engine, --dtype fp32),
          ort-genai-fp32 plain and +ngram<n> (its model builder's fp32 model from the same GGUF)
   4-bit  se-gguf target-only and prompt lookup @auto (the GGUF's Q4_1/Q8_0 codes as stored, int8 activations),
-         se-int4 likewise (--target-quant int4: the dequantized GGUF re-quantized, as ORT GenAI's int4 is),
+         se-int4 likewise (--target-quant int4:b32:sym: the dequantized GGUF re-quantized, in the format of
+         ORT GenAI's int4: symmetric, block 32),
          se-gguf-fp32act target-only (the GGUF's codes, fp32 activations: the fidelity row),
          llama.cpp plain and +lookup<n> (the GGUF as stored), ort-genai-int4 plain and +ngram<n> (its own int4)
 Decode tokens/s exclude prefill for every system (the first new token belongs to prefill), as in

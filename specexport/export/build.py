@@ -30,7 +30,7 @@ from ..models import LoadedModel, load_model, read_config, resolve_path
 from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model
 from ..models.layer_spec import LayerSpec, is_layers_spec
 from ..steps import graph_list
-from .manifest import MANIFEST, write_manifest
+from .manifest import MANIFEST, graph_code, write_manifest
 from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, shared_tensors, write_weights
 from .torchscript import export_torchscript
 
@@ -158,7 +158,7 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     import onnx
     import transformers
     manifest = {
-        "specexport_version": __version__,
+        "specexport_version": __version__, "graph_code": graph_code(),
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "transformers": transformers.__version__,
                      "opset": OPSET},
         "formats": list(cfg.formats), "ops": cfg.ops, "dtype": dec_cfg.dtype, "ks": sorted(cfg.ks),

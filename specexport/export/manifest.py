@@ -26,6 +26,23 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# the sources that decide what a built engine's graphs and weights are (package-relative)
+GRAPH_SOURCES = ("steps.py", "graphs.py", "verify.py", "sampling.py", "models", "export/build.py",
+                 "export/onnx_graphs.py", "export/pt2.py", "export/torchscript.py", "draft_models.py")
+
+
+def graph_code() -> str:
+    """A fingerprint of the code that builds engines (recorded as the manifest's `graph_code`): the benchmarks
+    rebuild an engine they would otherwise reuse when it differs, so they never time graphs an older build
+    wrote."""
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in GRAPH_SOURCES:
+        for p in sorted((pkg / rel).rglob("*.py")) if (pkg / rel).is_dir() else [pkg / rel]:
+            h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def file_table(root: Path) -> dict[str, dict]:
     """Every file under root (but the manifest): relative path -> {bytes, sha256}."""
     return {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": sha256(p)}

@@ -127,6 +127,7 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
     finally:
         model.ops = "portable"
     _pack_qkv(proto)
+    _drop_unused_outputs(proto)
     for value_info, shape in zip(proto.graph.output, shapes):
         dims = value_info.type.tensor_type.shape.dim
         for d, n in zip(dims, ["B", *shape[1:]]):
@@ -175,6 +176,18 @@ def _pack_qkv(proto) -> None:
             continue
         n.input[0], n.input[1], n.input[2] = split.input[0], "", ""
         nodes.remove(split)
+
+
+def _drop_unused_outputs(proto) -> None:
+    """Name no optional output that nothing reads: SkipSimplifiedLayerNormalization's mean and inverse std
+    (outputs 1 and 2, for training) are then not written. The traced node names all four outputs. Measured on
+    the int4 SmolLM2 step: +2.5% target-only decode."""
+    read = {i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output}
+    for n in proto.graph.node:
+        if n.op_type == "SkipSimplifiedLayerNormalization":
+            for j in (1, 2):
+                if len(n.output) > j and n.output[j] not in read:
+                    n.output[j] = ""
 
 
 def _custom_opsets(model: torch.nn.Module, ops: str) -> dict | None:
