@@ -50,11 +50,11 @@ def _decoder(a):
         if a.target is not None or a.draft is not None or _shape_options(a):
             raise SpecExportError("an engine folder fixes the models and shapes: drop --target/--draft/--max-seq-len/"
                                   "--max-batch/--prefill-chunk/--dtype, or drop ENGINE_DIR to run checkpoints")
-        opts = {"prepack": True} if a.prepack else {}
+        opts = {"prepack": a.prepack} if a.prepack is not None else {}
         if a.drafter:
             opts["drafter"] = a.drafter
         return SpeculativeDecoder.load(a.engine, backend=a.backend or "onnxruntime", threads=a.threads, **opts)
-    if a.prepack or a.drafter:
+    if a.prepack is not None or a.drafter:
         raise SpecExportError("--prepack and --drafter apply to engine folders: pass an ENGINE_DIR, or drop them")
     if a.backend not in (None, "torch"):
         raise SpecExportError(f"--backend {a.backend} runs engine folders: build one with specexport build and pass "
@@ -372,9 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "measured costs and acceptance; may turn speculation off)")
     _add_shape_args(g)
     g.add_argument("--threads", type=int, default=None)
-    g.add_argument("--prepack", action="store_true",
-                   help="onnxruntime: pre-pack weights (faster multi-token passes, one more copy of the weights "
-                        "per step graph in memory)")
+    g.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None,
+                   help="onnxruntime CPU: pre-pack weights for faster passes (default: on where the sessions "
+                        "share one packed copy through ONNX Runtime's C library)")
     _add_sampling_args(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="apply the target's chat template")
@@ -433,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one of the engine's k values, or auto (the default: chosen per step from measured costs "
                         "and acceptance)")
     t.add_argument("--target-only", action="store_true", help="serve without speculation (for comparisons)")
-    t.add_argument("--prepack", action="store_true", help="onnxruntime weight pre-packing (see generate --prepack)")
+    t.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None,
+                   help="onnxruntime weight pre-packing (see generate --prepack)")
     t.add_argument("--standalone", action="store_true",
                    help="also add each ONNX step graph as its own onnxruntime model (needs a Triton with that backend)")
     t.add_argument("--python-path", default=None,
@@ -454,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECEXPORT_API_KEY, else none)")
     o.add_argument("--served-model-name", default=None, help="the model id clients pass (default: the folder's name)")
     o.add_argument("--threads", type=int, default=None)
-    o.add_argument("--prepack", action="store_true", help="onnxruntime weight pre-packing (see generate --prepack)")
+    o.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None,
+                   help="onnxruntime weight pre-packing (see generate --prepack)")
     o.add_argument("--target-only", action="store_true", help="serve without speculation (for comparisons)")
     o.set_defaults(func=cmd_openai)
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""Peak RSS of a loaded engine pair against the bytes of its weights plus its KV buffers.
+"""RSS of a loaded engine pair against the bytes of its weights plus its KV buffers.
 
 Runs in this fresh process: imports, then (baseline) load the engine, generate (speculative and target-only),
-then read the kernel's peak RSS (VmHWM). Reports the ratio for the whole process and for what the engine
-pair added over the imported libraries (Python + torch + onnxruntime + transformers).
+then read the kernel's peak RSS (VmHWM) and the resident set after the runs (VmRSS). Reports the ratios for
+the whole process and for what the engine pair added over the imported libraries (Python + torch +
+onnxruntime + transformers). The peak includes the load's transients: pre-packing reads the mapped weights
+(their pages go back once every session has packed) while the packed copy is being made.
 
-    python tools/engine_memory.py engines/smollm2 [--backend onnxruntime] [--prepack] [--max-batch 1]
+    python tools/engine_memory.py engines/smollm2 [--backend onnxruntime] [--prepack|--no-prepack] [--max-batch 1]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("engine")
     ap.add_argument("--backend", default="onnxruntime")
-    ap.add_argument("--prepack", action="store_true")
+    ap.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None, help="default: the runtime's")
     ap.add_argument("--max-batch", type=int, default=1)
     a = ap.parse_args()
     import onnxruntime  # noqa: F401
@@ -39,20 +41,23 @@ def main():
     from specexport import SpeculativeDecoder
     from specexport.export.inspect import describe
     baseline = status("VmRSS")
-    opts = {"prepack": True} if a.prepack else {}
+    opts = {"prepack": a.prepack} if a.prepack is not None else {}
     dec = SpeculativeDecoder.load(a.engine, backend=a.backend, max_batch=a.max_batch, **opts)
     prompt = "Rewrite this code with a list comprehension:\n\ndef f(xs):\n    out = []\n    for x in xs:\n" \
              "        out.append(x * 2)\n    return out\n"
     dec.generate([prompt] * a.max_batch, max_new_tokens=64, chat=True)
     dec.generate([prompt] * a.max_batch, max_new_tokens=64, chat=True, speculative=False)
-    peak = status("VmHWM")
+    peak, steady = status("VmHWM"), status("VmRSS")
     info = describe(a.engine)
     weights = info["memory"]["weights_bytes"]
     kv = sum(m["kv_bytes_per_row"] for m in info["models"].values()) * a.max_batch
-    out = {"engine": a.engine, "backend": a.backend, "prepack": a.prepack, "max_batch": a.max_batch,
+    ort = a.backend == "onnxruntime"
+    out = {"engine": a.engine, "backend": a.backend, "prepack": dec.target.prepack if ort else None,
+           "shared_packs": getattr(dec.target, "capi", False), "max_batch": a.max_batch,
            "weights_mb": weights / 1e6, "kv_mb": kv / 1e6, "baseline_rss_mb": baseline / 1e6, "peak_rss_mb": peak / 1e6,
            "peak_over_weights_plus_kv": peak / (weights + kv),
-           "engine_pair_over_weights_plus_kv": (peak - baseline) / (weights + kv)}
+           "engine_pair_over_weights_plus_kv": (peak - baseline) / (weights + kv), "rss_after_mb": steady / 1e6,
+           "engine_pair_after_over_weights_plus_kv": (steady - baseline) / (weights + kv)}
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
 
 

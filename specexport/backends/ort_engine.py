@@ -3,14 +3,15 @@
 - Weights: `weights.safetensors` is memory-mapped once and every tensor becomes one OrtValue that all of the
   model's sessions (one per step graph) share through SessionOptions.add_initializer: the weights are in
   memory once, however many graphs the model has.
-- MLAS pre-packing is off by default for fp32 engines: each session keeps its own packed copy of every weight
-  (ONNX Runtime's Python API has no shared pre-packed weights container). `prepack=True` trades that memory
-  (one packed copy per step graph used) for speed: multi-token passes (verify over k+1, prefill chunks) then
-  cost little more than a one-token pass. Quantized layers (MatMulNBits) always pre-pack (about 150x slower
-  without). The greedy graphs' sessions open at load and the sampling graphs' at their first use
-  (`preload=True`: all at load, False: each at first use), and once a session has packed its weights the
-  mapped file's pages go back to the page cache, so a run holds one packed copy per graph it calls and not
-  the unpacked original as well.
+- MLAS pre-packing (`prepack=True`; quantized layers, MatMulNBits, always pre-pack: about 150x slower
+  without) makes multi-token passes (verify over k+1, prefill chunks) cost little more than a one-token
+  pass. On the CPU, pre-packing sessions are made through ONNX Runtime's C API (ort_capi.py) with one
+  pre-packed weights container per process, so every step graph of every engine reads one packed copy of
+  each weight (the Python API has no container: there each session packed its own, one copy per graph).
+  Once the sessions have packed, the mapped file's pages go back to the page cache, so a run holds the
+  packed copy and not the unpacked original as well. Without pre-packing (the fp32 default), every session
+  reads the mapped weights as they are. The greedy graphs' sessions open at load and the sampling graphs' at
+  their first use (`preload=True`: all at load, False: each at first use).
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
   binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
   new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
@@ -36,6 +37,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from pathlib import Path
@@ -46,6 +48,7 @@ from ..errors import SpecExportError
 from ..graphs import graph_name
 from ..models.config import ModelConfig
 from ..sampling import SamplingRows
+from . import ort_capi
 
 
 def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -70,7 +73,7 @@ class OrtEngine:
 
     def __init__(self, folder: Path, entry: dict, max_batch: int, cache_len: int, ks: tuple[int, ...],
                  threads: int | None = None, device: str = "cpu", target_vocab: int | None = None,
-                 prepack: bool = False, ops: str = "portable", preload: bool | None = None,
+                 prepack: bool | None = None, ops: str = "portable", preload: bool | None = None,
                  shared_with: "OrtEngine | None" = None):
         import onnxruntime as ort
         self.ort = ort
@@ -92,8 +95,13 @@ class OrtEngine:
         else:
             self.providers = ["CPUExecutionProvider"]
         self.threads = threads
-        # quantized layers (MatMulNBits) run only over pre-packed weights (about 150x slower without them)
-        self.prepack = prepack or bool(entry.get("quant") or entry.get("quant_layers"))
+        # pre-packing CPU sessions share one packed copy per weight through the C API's container; where it
+        # loads, pre-packing is the default (prepack=None); quantized layers (MatMulNBits) always pre-pack (they
+        # run about 150x slower without)
+        shared_packs = device != "cuda" and os.environ.get("SPECEXPORT_ORT_CAPI", "1") != "0" and ort_capi.available()
+        self.prepack = bool(entry.get("quant") or entry.get("quant_layers")) \
+            or (shared_packs if prepack is None else prepack)
+        self.capi = shared_packs and self.prepack
         if entry["kv_dtype"] == "bfloat16":
             raise SpecExportError("bf16 engines have no numpy type for ONNX Runtime's buffers here: build with "
                                   "--dtype fp16 (CUDA) or fp32, or load this one with backend='torch'")
@@ -104,11 +112,14 @@ class OrtEngine:
         # engine's own OrtValues (shared_with), or, loaded alone, a map of the target's file
         shared = entry.get("shared") or {"tensors": {}}
         self._shared_names = shared["tensors"]
-        if shared_with is not None:
+        self._maps = [self._weights]  # the mapped files this engine's sessions read (see _drop_weight_pages)
+        if shared_with is not None and shared_with.capi == self.capi:
             self._shared_value = shared_with._weight_value
-        elif self._shared_names:
-            theirs = mmap_safetensors(folder / shared["file"])
-            self._shared_value = lambda name: ort.OrtValue.ortvalue_from_numpy(theirs[name])
+            self._maps.append(shared_with._weights)
+        elif self._shared_names:  # (the same memory: a value over the target's map is not a copy)
+            theirs = shared_with._weights if shared_with is not None else mmap_safetensors(folder / shared["file"])
+            self._shared_value = lambda name: self._host_value(theirs[name])
+            self._maps.append(theirs)
         cfg = self.config
         shape = (max_batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
         if device == "cuda":  # zeroed: masked positions are multiplied by 0, and 0 x NaN garbage is NaN
@@ -120,6 +131,7 @@ class OrtEngine:
         self.kv_dtype = np_dtype
         self.key_pos = np.arange(cache_len, dtype=np.int64)  # [S]; key_pos[:L] is bound without a copy
         self._sessions: dict[str, object] = {}
+        self._key_pos_values: dict[int, object] = {}
         self.busy_s = 0.0  # seconds inside session runs (the benchmark's host-overhead split)
         for name in self.graphs:  # sessions open at load (slow loading, no first-use pause) or at first use, so
             if preload is True or (preload is None and self._greedy_graph(name)):  # that a run holds packed
@@ -133,20 +145,26 @@ class OrtEngine:
             return False
         return not (self.fused and self.max_batch == 1 and name == "verify_k0_greedy")
 
-    def _session_options(self, prepack: bool):
-        ort = self.ort
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if not prepack:
-            so.add_session_config_entry("session.disable_prepacking", "1")
+    def _session_config(self, prepack: bool) -> dict[str, str]:
+        config = {} if prepack else {"session.disable_prepacking": "1"}
         # Each session has its own thread pool. A speculative step alternates sessions (draft, verify_k4;
         # verify_k2, verify_k4), and a pool still spinning after its run took the cores the next session needs
         # (a k=4 verify measured 1.6x a target-only step); a pool that never spins pays a thread wake-up per
         # parallel node instead. So pools spin within a run and stop at its end: measured on the Q4_1 engine,
         # one process, alternating, +30% target-only and +27% prompt lookup auto over spinning only in the
         # target-only session.
-        so.add_session_config_entry("session.force_spinning_stop", "1")
+        config["session.force_spinning_stop"] = "1"
+        return config
+
+    def _session_options(self, prepack: bool):
+        if self.capi:
+            return ort_capi.SessionOptions(self.threads, self._session_config(prepack))
+        ort = self.ort
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        for key, value in self._session_config(prepack).items():
+            so.add_session_config_entry(key, value)
         if self.threads:
             so.intra_op_num_threads = self.threads
         return so
@@ -161,6 +179,8 @@ class OrtEngine:
         for name, theirs in self._shared_names.items():
             so.add_initializer(name, self._weight_value(name, theirs))
         try:
+            if self.capi:
+                return ort_capi.Session(path, so, _container())
             return self.ort.InferenceSession(path, so, providers=self.providers)
         except Exception as e:  # a graph ORT refuses: say which and why, in one line
             raise SpecExportError(f"onnxruntime cannot load {rel}: {str(e).splitlines()[0]}") from None
@@ -178,23 +198,34 @@ class OrtEngine:
     def _drop_weight_pages(self) -> None:
         """After a session pre-packed its weights it reads only the packed copy (and the few tensors no kernel
         packs: embedding rows, norms): hand the mapped file's pages back to the page cache (MADV_DONTNEED on a
-        read-only file mapping: whatever is read again is faulted back in from the file)."""
+        read-only file mapping: whatever is read again is faulted back in from the file). A draft that shares the
+        target's tensors packs them from the target's map, whose pages it hands back too."""
         import mmap
-        for arr in self._weights.values():
-            base = arr.base
-            while base is not None and not isinstance(base, mmap.mmap):
-                base = getattr(base, "_mmap", None) or getattr(base, "base", None)
-            if isinstance(base, mmap.mmap):
-                base.madvise(mmap.MADV_DONTNEED)
-                return
+        for tensors in self._maps:
+            for arr in tensors.values():
+                base = arr.base
+                while base is not None and not isinstance(base, mmap.mmap):
+                    base = getattr(base, "_mmap", None) or getattr(base, "base", None)
+                if isinstance(base, mmap.mmap):
+                    base.madvise(mmap.MADV_DONTNEED)
+                    break
 
     def _weight_value(self, name: str, theirs: str | None = None):
         """theirs: the name of a shared tensor in the target's file."""
         if name not in self._weight_values:
             # a host OrtValue over the map (the CUDA provider copies it to the device for each session)
-            self._weight_values[name] = (self.ort.OrtValue.ortvalue_from_numpy(self._weights[name]) if theirs is None
+            self._weight_values[name] = (self._host_value(self._weights[name]) if theirs is None
                                          else self._shared_value(theirs))
         return self._weight_values[name]
+
+    def _host_value(self, array: np.ndarray):
+        return ort_capi.Value(array) if self.capi else self.ort.OrtValue.ortvalue_from_numpy(array)
+
+    def key_pos_value(self, L: int):
+        """key_pos[:L] as a C API value (one per length, made on first use)."""
+        if L not in self._key_pos_values:
+            self._key_pos_values[L] = ort_capi.Value(self.key_pos[:L])
+        return self._key_pos_values[L]
 
     def _binding(self, name: str, B: int, row0: int = 0) -> "_Binding":
         key = (name, B, row0)
@@ -262,6 +293,17 @@ class OrtEngine:
         return out[0], out[1], out[2]
 
 
+_CONTAINER = None
+
+
+def _container():
+    """The process's pre-packed weights container (every C API session shares it)."""
+    global _CONTAINER
+    if _CONTAINER is None:
+        _CONTAINER = ort_capi.PrepackedWeightsContainer()
+    return _CONTAINER
+
+
 def _sampling(s: SamplingRows) -> dict:
     return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, greedy=s.greedy)
 
@@ -292,8 +334,15 @@ class _Binding:
                 return ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
             return ort.OrtValue.ortvalue_from_numpy(host)
 
+        self.capi = eng.capi
         row_bytes = int(np.prod(kv_shape[1:])) * eng.kv_dtype.itemsize  # rows row0.. of [max_batch, Hkv, S, D]
-        for (i_name, _, _), (o_name, _, _), kv in zip(spec["inputs"][-n_kv:], spec["outputs"][-n_kv:], eng.kv):
+        for j, ((i_name, _, _), (o_name, _, _), kv) in enumerate(zip(spec["inputs"][-n_kv:], spec["outputs"][-n_kv:],
+                                                                      eng.kv)):
+            if self.capi:  # the cache rows as both input and output: written in place
+                rows = ort_capi.Value(eng._kv_np[j][row0:row0 + B], writeable=True)
+                self.io.bind_input(i_name, rows)
+                self.io.bind_output(o_name, rows)
+                continue
             ptr = kv.data_ptr() + row0 * row_bytes
             self.io.bind_input(i_name, dev, 0, eng.kv_dtype, kv_shape, ptr)
             self.io.bind_output(o_name, dev, 0, eng.kv_dtype, kv_shape, ptr)
@@ -303,17 +352,24 @@ class _Binding:
             if i_name == "key_pos":
                 continue
             host = np.zeros([B if d == "B" else d for d in dims], np.dtype(dtype))
-            v = value(host)
-            self.io.bind_ortvalue_input(i_name, v)
+            v = ort_capi.Value(host) if self.capi else value(host)
+            (self.io.bind_input if self.capi else self.io.bind_ortvalue_input)(i_name, v)
             self.inputs[i_name] = (v, host)
         self.outputs = []  # (OrtValue, host array) per step output, in the step's order
         for o_name, dtype, dims in spec["outputs"][:-n_kv]:
             shape = [B if d == "B" else d for d in dims]
             host = np.zeros(shape, np.dtype(dtype))
-            v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \
-                else value(host)
-            self.io.bind_ortvalue_output(o_name, v)
+            if self.capi:
+                v = ort_capi.Value(host, writeable=True)
+                self.io.bind_output(o_name, v)
+            else:
+                v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \
+                    else value(host)
+                self.io.bind_ortvalue_output(o_name, v)
             self.outputs.append((v, host))
+        if self.capi:
+            self._call = self.io.run
+            return
         self.run_options = ort.RunOptions()
         # on CPU the C++ call directly: the Python wrapper's graph-capture checks cost ~0.1 ms per run (an
         # exception from get_run_config_entry when gpu_graph_id is unset), 1-2% of a small model's step
@@ -340,7 +396,9 @@ class _Binding:
                 value.update_inplace(np.ascontiguousarray(arr, dtype=host.dtype))
             else:
                 np.copyto(host, arr, casting="same_kind")
-        if not self.on_cuda:  # attention reads only the first kv_len cache positions
+        if self.capi:  # attention reads only the first kv_len cache positions
+            self.io.bind_input("key_pos", self.eng.key_pos_value(kv_len))
+        elif not self.on_cuda:
             self.io.bind_input("key_pos", "cpu", 0, np.int64, [kv_len], self.eng.key_pos.ctypes.data)
         t0 = time.perf_counter()
         self._call()

@@ -108,7 +108,7 @@ def _open(path: str, backend: str, options: dict):
                                       "rebuild with --dtype fp32, or load with device='cuda' (onnxruntime-gpu)")
             from ..backends.ort_engine import OrtEngine
             return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab,
-                             prepack=options.get("prepack", False), ops=m.get("ops", "portable"),
+                             prepack=options.get("prepack"), ops=m.get("ops", "portable"),
                              preload=options.get("preload"), shared_with=target)
         if backend == "torchscript":
             if "torchscript" not in entry:

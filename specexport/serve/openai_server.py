@@ -290,12 +290,12 @@ def set_switch_interval() -> float:
 
 def serve(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, k: int | str | None = "auto",
           max_batch: int | None = None, api_key: str | None = None, threads: int | None = None,
-          prepack: bool = False, max_waiting: int = 64, model_name: str | None = None,
+          prepack: bool | None = None, max_waiting: int = 64, model_name: str | None = None,
           speculative: bool = True, log_level: str = "info") -> None:
     """Load the engine folder and serve it until interrupted."""
     import uvicorn
     set_switch_interval()
-    options = {"max_batch": max_batch, "threads": threads, "prepack": prepack or None}
+    options = {"max_batch": max_batch, "threads": threads, "prepack": prepack}
     dec = SpeculativeDecoder.load(engine_dir, **{n: v for n, v in options.items() if v is not None})
     srv = OpenAIServer(dec, model_name or Path(engine_dir).resolve().name, k=k, speculative=speculative,
                        max_waiting=max_waiting, api_key=api_key or os.environ.get(API_KEY_ENV) or None)

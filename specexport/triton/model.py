@@ -108,8 +108,8 @@ class TritonPythonModel:
             options["threads"] = int(params["threads"])
         if params.get("max_batch"):
             options["max_batch"] = int(params["max_batch"])
-        if params.get("prepack") == "true":
-            options["prepack"] = True
+        if params.get("prepack") in ("true", "false"):  # ("auto": the runtime's default)
+            options["prepack"] = params["prepack"] == "true"
         if params.get("backend", "onnxruntime") == "onnxruntime":
             options["preload"] = True  # every session before the first request
         self.dec = SpeculativeDecoder.load(engine, backend=params.get("backend", "onnxruntime"), **options)

@@ -84,7 +84,7 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 def write_repository(engine_dir: str, repo: str, name: str = "specexport", instances: int = 1,
                      max_batch: int | None = None, backend: str | None = None, threads: int | None = None,
-                     speculative: bool = True, k: int | str | None = "auto", prepack: bool = False,
+                     speculative: bool = True, k: int | str | None = "auto", prepack: bool | None = None,
                      python_path: list[str] | None = None, standalone: bool = False) -> dict:
     m = read_manifest(engine_dir)
     k = "auto" if k is None else k  # a new repository chooses k per step unless told otherwise
@@ -105,7 +105,7 @@ def write_repository(engine_dir: str, repo: str, name: str = "specexport", insta
     shutil.copy2(Path(__file__).with_name("model.py"), root / "1" / "model.py")
     _link_tree(Path(engine_dir), root / "1" / "engine")
     params = {"engine": "engine", "backend": backend, "speculative": "true" if speculative else "false",
-              "prepack": "true" if prepack else "false",
+              "prepack": {True: "true", False: "false", None: "auto"}[prepack],
               "python_path": json.dumps(python_path if python_path is not None else default_python_path())}
     if max_batch:
         params["max_batch"] = str(max_batch)
