@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .config import SamplingParams
+from .detokenize import REPLACEMENT, IncrementalText
 
 
 @dataclass
@@ -107,11 +108,14 @@ class Request:
     sampling: SamplingParams
     stop_ids: frozenset[int]
     stop_strings: tuple[str, ...] = ()
-    decode: Callable[[list[int]], str] | None = None  # needed with stop strings
+    decode: Callable[[list[int]], str] | None = None  # the tokenizer's (needed for text and stop strings)
     out: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     text_end: int | None = None  # with a stop string: where it starts in the decoded output
     stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def __post_init__(self):
+        self._text = IncrementalText(self.decode) if self.decode is not None else None
 
     def commit(self, tokens: list[int]) -> list[int]:
         """Append committed tokens up to a stop id, a stop string or max_new_tokens; returns what was taken."""
@@ -127,8 +131,10 @@ class Request:
                 self.finish_reason = "length"
                 break
         if self.stop_strings:  # (also when a stop id ended this commit: a stop string before it comes first)
-            text = self.decode(self.out)
-            if any(s in text for s in self.stop_strings):  # keep the tokens up to the one completing it
+            seen = len(self._text.text)  # a new match ends in the text these tokens add
+            text = self._text.final(self.out)
+            tail = text[max(0, seen - max(map(len, self.stop_strings)) + 1):]
+            if any(s in tail for s in self.stop_strings):  # keep the tokens up to the one completing it
                 for n in range(before + 1, len(self.out) + 1):
                     text = self.decode(self.out[:n])
                     hits = [text.find(s) for s in self.stop_strings if s in text]
@@ -136,19 +142,21 @@ class Request:
                         del self.out[n:]
                         taken = taken[:n - before]
                         self.finish_reason, self.text_end = "stop", min(hits)
+                        self._text = IncrementalText(self.decode)  # (its offsets were past the cut)
                         break
         self.stats.new_tokens = len(self.out)
         return taken
 
-    def visible_text(self, text: str) -> str:
-        """The text a client may see so far: cut at a stop string, and (while running) without a tail that
-        could still become one, or an incomplete UTF-8 character."""
-        if self.text_end is not None:
-            return text[:self.text_end]
+    def visible_text(self) -> str | None:
+        """The text a client may see so far (None without a tokenizer): cut at a stop string, and (while running)
+        without a tail that could still become one, or an incomplete UTF-8 character. Decoded incrementally
+        (detokenize.py): each call decodes only the tokens since the last."""
+        if self._text is None:
+            return None
         if self.finish_reason:
-            return text
-        if text.endswith("\ufffd"):
-            text = text.rstrip("\ufffd")
+            text = self._text.final(self.out)
+            return text if self.text_end is None else text[:self.text_end]
+        text = self._text.update(self.out).rstrip(REPLACEMENT)
         hold = 0
         for s in self.stop_strings:
             for n in range(min(len(s) - 1, len(text)), 0, -1):

@@ -112,7 +112,7 @@ class SpeculativeDecoder:
                 yield StreamEvent(b, toks, delta, done, r.finish_reason, r.stats if done else None)
 
     def _text(self, r: Request) -> str | None:
-        return None if self.tokenizer is None else r.visible_text(self._decode(r.out))
+        return None if self.tokenizer is None else r.visible_text()
 
     # ---- input checks ----------------------------------------------------------------------------
 
@@ -208,7 +208,8 @@ class SpeculativeDecoder:
                     f"prompt {i} has {len(ids)} tokens and max_new_tokens={max_new_tokens}: "
                     f"{len(ids) + max_new_tokens} > max_seq_len={cfg.max_seq_len}; shorten the prompt, lower "
                     "max_new_tokens, or use a larger max_seq_len")
-            reqs.append(Request(ids, max_new_tokens, s, stop_ids, stop, self._decode))
+            reqs.append(Request(ids, max_new_tokens, s, stop_ids, stop,
+                                self._decode if self.tokenizer is not None else None))
         return reqs
 
     # ---- the loop --------------------------------------------------------------------------------

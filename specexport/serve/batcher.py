@@ -161,7 +161,7 @@ class ContinuousBatcher:
             key = id(req)
             text = ""
             if self.dec.tokenizer is not None:
-                shown = req.visible_text(self.dec._decode(req.out))
+                shown = req.visible_text()
                 text, self._texts[key] = shown[len(self._texts[key]):], shown
             done = req.finish_reason is not None
             cb = self._callbacks[key] if not done else self._callbacks.pop(key)

@@ -94,9 +94,12 @@ def engine_distribution(dec, sp) -> dict[tuple, float]:
 
 @pytest.mark.parametrize("k", [2, "auto"])
 def test_quantized_target_samples_have_its_own_distribution(small, quant_target_engine, k):  # noqa: F811
-    """An int4 target (MatMulNBits, int8 activations): sampled output has the engine's own target distribution."""
+    """An int4 target (MatMulNBits, int8 activations): sampled output has the engine's own target distribution.
+    k="auto" samples one row at a time: at batch > 1 a fused engine's target-only step is the batched one-token
+    graph, whose attention kernel rounds differently from a verify pass's (README: exactness), so auto's mix of
+    the two is not one distribution there; at batch 1 every target pass runs the multi-row kernel."""
     sp = CASES[0]
     exact = engine_distribution(quant_target_engine, sp)
-    samples = sample(quant_target_engine, sp, N, k=k)
+    samples = sample(quant_target_engine, sp, N, k=k, batch=100 if k != "auto" else 1)
     assert chi2_pvalue(samples, exact) > 1e-3
     assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6  # power
