@@ -351,7 +351,7 @@ def main() -> int:
     ap.add_argument("--endpoint-type", choices=["chat", "completions"], default="chat")
     ap.add_argument("--tokenizer", default=None, help="default: ENGINE/tokenizer")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--prepack", action="store_true")
+    ap.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None, help="default: the runtime's")
     ap.add_argument("--max-batch", type=int, default=None)
     ap.add_argument("--ready-timeout", type=float, default=300)
     ap.add_argument("--run-timeout", type=float, default=900, help="seconds per genai-perf run")
@@ -378,7 +378,8 @@ def main() -> int:
     manifest = json.loads((engine / "manifest.json").read_text())
     a.clients = [int(c) for c in a.clients.split(",") if c]
     a.tokenizer = a.tokenizer or str(engine / manifest.get("tokenizer", "tokenizer"))
-    a.server_args = (["--threads", str(a.threads)] if a.threads else []) + (["--prepack"] if a.prepack else [])
+    a.server_args = (["--threads", str(a.threads)] if a.threads else []) + (
+        [] if a.prepack is None else ["--prepack" if a.prepack else "--no-prepack"])
     servers = [s for s in a.servers.split(",") if s]
     if max(a.clients) > manifest.get("max_batch", 1):
         log(f"note: engine max_batch {manifest.get('max_batch')} < {max(a.clients)} clients: requests queue")

@@ -75,7 +75,7 @@ def main():
     ap.add_argument("--requests", type=int, default=32, help="requests per level and model")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--prepack", action="store_true")
+    ap.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None, help="default: the runtime's")
     ap.add_argument("--k", default="auto", help="the speculative model's k: auto (the repository default) or one "
                                                 "of the engine's k values")
     ap.add_argument("--out", default="bench-results")

@@ -14,12 +14,14 @@ tensors over numpy memory, IOBinding and RunWithBinding.
   sess = Session(path, so, container)
   io = sess.io_binding(); io.bind_input(name, array); io.bind_output(name, array); io.run()
 
-Arrays are bound without a copy (an output is written into the array). Every handle keeps the objects it
+Arrays are bound without a copy (an output is written into the array; an input that is not C-contiguous is
+copied once, when its Value is made). Every handle keeps the objects it
 needs alive (a session its options and their initializers, a binding its session and bound values), and a
 non-NULL OrtStatus becomes an OrtError carrying ONNX Runtime's message.
 
 `available()` says whether the library loads here: the struct OrtApi offsets below are those of the C header
-(append-only across versions); API version 32 is onnxruntime 1.32, and an older library refuses it.
+(append-only across versions, so a newer library keeps them); the table is asked for at API version 20, the
+oldest onnxruntime (1.20) specexport supports: every function used is in it (the last, index 168, since 1.8).
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import ctypes as C
 import glob
 import importlib.util
 import os
+import threading
 
 import numpy as np
 
-API_VERSION = 32
+API_VERSION = 20
 # offsets of the functions used, in struct OrtApi (include/onnxruntime/core/session/onnxruntime_c_api.h)
 _INDEX = dict(GetErrorCode=1, GetErrorMessage=2, CreateEnv=3, CreateSession=7, CreateSessionOptions=10,
               SetSessionGraphOptimizationLevel=23, SetIntraOpNumThreads=24, CreateTensorWithDataAsOrtValue=49,
@@ -122,15 +125,17 @@ class _Api:
 
 _api: _Api | None = None
 _load_error: str | None = None
+_lock = threading.Lock()
 
 
 def api() -> _Api:
     global _api, _load_error
-    if _api is None and _load_error is None:
-        try:
-            _api = _Api()
-        except (OSError, OrtError, AttributeError) as e:
-            _load_error = str(e)
+    with _lock:
+        if _api is None and _load_error is None:
+            try:
+                _api = _Api()
+            except (OSError, OrtError, AttributeError) as e:
+                _load_error = str(e)
     if _api is None:
         raise OrtError(f"ONNX Runtime's C library cannot be used here: {_load_error}")
     return _api

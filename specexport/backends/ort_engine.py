@@ -3,14 +3,14 @@
 - Weights: `weights.safetensors` is memory-mapped once and every tensor becomes one OrtValue that all of the
   model's sessions (one per step graph) share through SessionOptions.add_initializer: the weights are in
   memory once, however many graphs the model has.
-- MLAS pre-packing (`prepack=True`; quantized layers, MatMulNBits, always pre-pack: about 150x slower
-  without) makes multi-token passes (verify over k+1, prefill chunks) cost little more than a one-token
+- MLAS pre-packing (`prepack`, default on where the C API loads; quantized layers, MatMulNBits, always
+  pre-pack: about 150x slower without) makes multi-token passes (verify over k+1, prefill chunks) cost little more than a one-token
   pass. On the CPU, pre-packing sessions are made through ONNX Runtime's C API (ort_capi.py) with one
   pre-packed weights container per process, so every step graph of every engine reads one packed copy of
   each weight (the Python API has no container: there each session packed its own, one copy per graph).
   Once the sessions have packed, the mapped file's pages go back to the page cache, so a run holds the
-  packed copy and not the unpacked original as well. Without pre-packing (the fp32 default), every session
-  reads the mapped weights as they are. The greedy graphs' sessions open at load and the sampling graphs' at
+  packed copy and not the unpacked original as well. Without pre-packing (prepack=False, or the Python API
+  fallback SPECEXPORT_ORT_CAPI=0), every session reads the mapped weights as they are. The greedy graphs' sessions open at load and the sampling graphs' at
   their first use (`preload=True`: all at load, False: each at first use).
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
   binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -170,7 +171,12 @@ class OrtEngine:
         return so
 
     def _open(self, rel: str, prepack: bool):
-        path = str(self.folder / rel)
+        try:
+            return self._new_session(str(self.folder / rel), prepack)
+        except Exception as e:  # a graph ORT refuses: say which and why, in one line
+            raise SpecExportError(f"onnxruntime cannot load {rel}: {str(e).splitlines()[0]}") from None
+
+    def _new_session(self, path: str, prepack: bool):
         so = self._session_options(prepack)
         # every weight of the model is offered (the graph takes those it names, ORT skips the others): reading
         # the graph's initializer names would need the onnx package, which the runtime does without
@@ -178,12 +184,9 @@ class OrtEngine:
             so.add_initializer(name, self._weight_value(name))
         for name, theirs in self._shared_names.items():
             so.add_initializer(name, self._weight_value(name, theirs))
-        try:
-            if self.capi:
-                return ort_capi.Session(path, so, _container())
-            return self.ort.InferenceSession(path, so, providers=self.providers)
-        except Exception as e:  # a graph ORT refuses: say which and why, in one line
-            raise SpecExportError(f"onnxruntime cannot load {rel}: {str(e).splitlines()[0]}") from None
+        if self.capi:
+            return ort_capi.Session(path, so, _container())
+        return self.ort.InferenceSession(path, so, providers=self.providers)
 
     def session(self, name: str):
         if name not in self.graphs:
@@ -294,14 +297,16 @@ class OrtEngine:
 
 
 _CONTAINER = None
+_CONTAINER_LOCK = threading.Lock()
 
 
 def _container():
     """The process's pre-packed weights container (every C API session shares it)."""
     global _CONTAINER
-    if _CONTAINER is None:
-        _CONTAINER = ort_capi.PrepackedWeightsContainer()
-    return _CONTAINER
+    with _CONTAINER_LOCK:
+        if _CONTAINER is None:
+            _CONTAINER = ort_capi.PrepackedWeightsContainer()
+        return _CONTAINER
 
 
 def _sampling(s: SamplingRows) -> dict:

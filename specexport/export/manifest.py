@@ -27,7 +27,7 @@ def sha256(path: Path) -> str:
 
 
 # the sources that decide what a built engine's graphs and weights are (package-relative)
-GRAPH_SOURCES = ("steps.py", "graphs.py", "verify.py", "sampling.py", "models", "export/build.py",
+GRAPH_SOURCES = ("config.py", "steps.py", "graphs.py", "verify.py", "sampling.py", "models", "export/build.py",
                  "export/onnx_graphs.py", "export/pt2.py", "export/torchscript.py", "draft_models.py")
 
 
@@ -35,11 +35,13 @@ def graph_code() -> str:
     """A fingerprint of the code that builds engines (recorded as the manifest's `graph_code`): the benchmarks
     rebuild an engine they would otherwise reuse when it differs, so they never time graphs an older build
     wrote."""
+    from .. import __version__
     pkg = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
+    h = hashlib.sha256(__version__.encode())
     for rel in GRAPH_SOURCES:
         for p in sorted((pkg / rel).rglob("*.py")) if (pkg / rel).is_dir() else [pkg / rel]:
-            h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
+            if p.is_file():  # (an install without sources: the version alone)
+                h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
 
 
