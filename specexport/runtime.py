@@ -112,7 +112,7 @@ class SpeculativeDecoder:
                 yield StreamEvent(b, toks, delta, done, r.finish_reason, r.stats if done else None)
 
     def _text(self, r: Request) -> str | None:
-        return None if self.tokenizer is None else r.visible_text()
+        return r.visible_text()  # (None without a tokenizer)
 
     # ---- input checks ----------------------------------------------------------------------------
 

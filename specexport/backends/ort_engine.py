@@ -4,14 +4,15 @@
   model's sessions (one per step graph) share through SessionOptions.add_initializer: the weights are in
   memory once, however many graphs the model has.
 - MLAS pre-packing (`prepack`, default on where the C API loads; quantized layers, MatMulNBits, always
-  pre-pack: about 150x slower without) makes multi-token passes (verify over k+1, prefill chunks) cost little more than a one-token
-  pass. On the CPU, pre-packing sessions are made through ONNX Runtime's C API (ort_capi.py) with one
-  pre-packed weights container per process, so every step graph of every engine reads one packed copy of
-  each weight (the Python API has no container: there each session packed its own, one copy per graph).
-  Once the sessions have packed, the mapped file's pages go back to the page cache, so a run holds the
-  packed copy and not the unpacked original as well. Without pre-packing (prepack=False, or the Python API
-  fallback SPECEXPORT_ORT_CAPI=0), every session reads the mapped weights as they are. The greedy graphs' sessions open at load and the sampling graphs' at
-  their first use (`preload=True`: all at load, False: each at first use).
+  pre-pack: about 150x slower without) makes multi-token passes (verify over k+1, prefill chunks) cost little
+  more than a one-token pass. On the CPU, pre-packing sessions are made through ONNX Runtime's C API
+  (ort_capi.py) with one pre-packed weights container per process, so every step graph of every engine reads
+  one packed copy of each weight (the Python API has no container: there each session packed its own, one
+  copy per graph). Once the sessions have packed, the mapped file's pages go back to the page cache, so a run
+  holds the packed copy and not the unpacked original as well. Without pre-packing (prepack=False, or the
+  Python API fallback SPECEXPORT_ORT_CAPI=0), every session reads the mapped weights as they are. The greedy
+  graphs' sessions open at load and the sampling graphs' at their first use (`preload=True`: all at load,
+  False: each at first use).
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
   binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
   new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
@@ -114,12 +115,12 @@ class OrtEngine:
         shared = entry.get("shared") or {"tensors": {}}
         self._shared_names = shared["tensors"]
         self._maps = [self._weights]  # the mapped files this engine's sessions read (see _drop_weight_pages)
-        if shared_with is not None and shared_with.capi == self.capi:
-            self._shared_value = shared_with._weight_value
-            self._maps.append(shared_with._weights)
-        elif self._shared_names:  # (the same memory: a value over the target's map is not a copy)
+        if self._shared_names:
             theirs = shared_with._weights if shared_with is not None else mmap_safetensors(folder / shared["file"])
-            self._shared_value = lambda name: self._host_value(theirs[name])
+            if shared_with is not None and shared_with.capi == self.capi:
+                self._shared_value = shared_with._weight_value
+            else:  # (the same memory: a value over the target's map is not a copy)
+                self._shared_value = lambda name: self._host_value(theirs[name])
             self._maps.append(theirs)
         cfg = self.config
         shape = (max_batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
@@ -334,19 +335,24 @@ class _Binding:
         cfg = eng.config
         kv_shape = [B, cfg.num_kv_heads, eng.cache_len, cfg.head_dim]
 
-        def value(host: np.ndarray):
+        self.capi = eng.capi
+
+        def value(host: np.ndarray, output: bool = False):  # a value over host (on cuda: a device copy)
+            if self.capi:
+                return ort_capi.Value(host, writeable=output)
             if dev == "cuda":
                 return ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
             return ort.OrtValue.ortvalue_from_numpy(host)
 
-        self.capi = eng.capi
+        bind_in, bind_out = ((self.io.bind_input, self.io.bind_output) if self.capi
+                             else (self.io.bind_ortvalue_input, self.io.bind_ortvalue_output))
         row_bytes = int(np.prod(kv_shape[1:])) * eng.kv_dtype.itemsize  # rows row0.. of [max_batch, Hkv, S, D]
         for j, ((i_name, _, _), (o_name, _, _), kv) in enumerate(zip(spec["inputs"][-n_kv:], spec["outputs"][-n_kv:],
                                                                       eng.kv)):
             if self.capi:  # the cache rows as both input and output: written in place
-                rows = ort_capi.Value(eng._kv_np[j][row0:row0 + B], writeable=True)
-                self.io.bind_input(i_name, rows)
-                self.io.bind_output(o_name, rows)
+                rows = value(eng._kv_np[j][row0:row0 + B], output=True)
+                bind_in(i_name, rows)
+                bind_out(o_name, rows)
                 continue
             ptr = kv.data_ptr() + row0 * row_bytes
             self.io.bind_input(i_name, dev, 0, eng.kv_dtype, kv_shape, ptr)
@@ -357,20 +363,16 @@ class _Binding:
             if i_name == "key_pos":
                 continue
             host = np.zeros([B if d == "B" else d for d in dims], np.dtype(dtype))
-            v = ort_capi.Value(host) if self.capi else value(host)
-            (self.io.bind_input if self.capi else self.io.bind_ortvalue_input)(i_name, v)
+            v = value(host)
+            bind_in(i_name, v)
             self.inputs[i_name] = (v, host)
         self.outputs = []  # (OrtValue, host array) per step output, in the step's order
         for o_name, dtype, dims in spec["outputs"][:-n_kv]:
             shape = [B if d == "B" else d for d in dims]
             host = np.zeros(shape, np.dtype(dtype))
-            if self.capi:
-                v = ort_capi.Value(host, writeable=True)
-                self.io.bind_output(o_name, v)
-            else:
-                v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \
-                    else value(host)
-                self.io.bind_ortvalue_output(o_name, v)
+            v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \
+                else value(host, output=True)
+            bind_out(o_name, v)
             self.outputs.append((v, host))
         if self.capi:
             self._call = self.io.run

@@ -3,6 +3,7 @@ ONNX Runtime's pre-packed weights container (backends/ort_capi.py). Measured as 
 processes, against the same engine opened through the Python API, where every session packs its own copy."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,6 @@ print(json.dumps({"extra": rss() - before, "capi": dec.target.capi, "sessions": 
 
 def _measure(engine: str, capi: bool) -> dict:
     env = {"SPECEXPORT_ORT_CAPI": "1" if capi else "0"}
-    import os
     r = subprocess.run([sys.executable, "-c", MEASURE, engine], capture_output=True, text=True, check=True,
                        env={**os.environ, **env})
     return json.loads(r.stdout)
