@@ -7,9 +7,12 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
   a_b,s      row b's acceptance for proposals from source s (prompt lookup: the matched n-gram length; a
              draft model: one source): accepted / (accepted + rejections), the MLE of a geometric acceptance,
              over counts that decay per trial (about the last 10 draft tokens) and are pulled towards the
-             running estimate over all requests with `prior_weight` (1) pseudo-trial, a weight that shrinks
-             as the request shows its own (4 / (4 + its trials)): it starts from the other requests, then
-             follows its own. Lookup's verify decisions use its lower confidence bound (less one standard
+             running estimate over all requests with pseudo-trials that shrink as the request shows its own:
+             prompt lookup `prior_weight` (1) x 4 / (4 + its trials), a draft model `model_prior_weight` (8)
+             x 16 / (16 + its trials). It starts from the other requests, then follows its own. A draft
+             model's acceptance varies less between requests than lookup's, and with a weak prior one early
+             rejection (3 trials: 0.69 against 0.98 over all requests) turned a good draft off for the rest
+             of its request. Lookup's verify decisions use its lower confidence bound (less one standard
              error over the effective trials): its evidence is mostly one-token shadow checks, a short
              memory of them is noisy, and acting on its highs is a systematic loss. A draft model's evidence
              is k tokens per step and its pay-off needs high acceptance: it uses the point estimate (with
@@ -19,18 +22,22 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              measured bucket b: c(0, B) c(j, b) / c(0, b), or c(j, b) B / b for an engine that verifies row by
              row; else (1 + 0.05 j) c(0, B) (times B row by row): optimistic, so that a width is tried once
              when the drafts look good
-  d(B)       measured seconds per draft-model pass (a k-token draft is k passes); t(B): per caught-up token
+  d(B)       measured seconds per draft-model pass (a k-token draft is k passes)
+  u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
+             together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
+             prefill chunks, each measured per call (chunks also at admission)
 Rule
   Prompt lookup (proposals cost no pass): propose first, then verify the width j in {0} + built ks (rows
-    truncated to j; a row verifies at most the smallest k from a source it has no evidence for yet) that maximises sum_b E(a_b, min(len_b, j)) / c(j, B), where j = 0 counts (1 + margin) n /
-    c(0, B) (n: occupied rows): a verify must promise `margin` (5%) more than target-only, a guard against model error (the
-    geometric acceptance model, noisy costs). No match anywhere costs exactly a
-    target-only step. At a target-only step the proposals are still checked against the token the target
-    commits ("shadow" acceptance: for a one-hot draft, P(the target's token = d) is d's acceptance
-    probability), so acceptance is learnt without spending a verify on it.
+    truncated to j; a row verifies at most the smallest k from a source it has no evidence for yet) that
+    maximises sum_b E(a_b, min(len_b, j)) / c(j, B), where j = 0 counts (1 + margin) n / c(0, B) (n: occupied
+    rows): a verify must promise `margin` (5%) more than target-only, a guard against model error (the
+    geometric acceptance model, noisy costs). No match anywhere costs exactly a target-only step. At a
+    target-only step the proposals are still checked against the token the target commits ("shadow"
+    acceptance: for a one-hot draft, P(the target's token = d) is d's acceptance probability), so acceptance
+    is learnt without spending a verify on it.
   Draft model (each drafted token costs a pass): before drafting, k maximises
-    sum_b E(a_b, k) / (k d(B) + c(k, B) + catch-up / R) against (1 + margin) n / c(0, B) (n: occupied rows)
-    (catch-up: the passes the draft needs for tokens committed while it was off, amortised over R steps).
+    sum_b E(a_b, k) / (k d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
+    (the catch-up for tokens committed while it was off, amortised over R steps).
     A request's first speculative step is at most the smallest built k (no evidence yet: a cheap probe).
     A new request's prompt is prefilled into the draft at admission (as at a fixed k) unless the measured
     costs say no k pays at the running acceptance estimate; otherwise the draft catches up if drafting
@@ -168,11 +175,14 @@ class AutoK:
     row_by_row: bool = False  # the engine verifies a batch one row at a time (cost grows with B)
     decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials
     z: float = 1.0  # decisions use the acceptance estimate less z standard errors
-    prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request
+    prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request (prompt lookup)
+    model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
+    chunk_guess: float = 8.0  # an unmeasured catch-up prefill chunk is guessed at this many draft passes
     explore: float = 0.02  # share of the time spent off that probes may cost
     probe_every: int = 16  # fewest steps between probes of a draft model (doubles after each failed one)
     amortize: int = 8  # R: steps a catch-up is amortised over
     refresh: int = 32  # a draft model drafting this long without a target-only step runs one (c(0) stays current)
+    chunk: int = 64  # C: the draft model's prefill chunk (a catch-up may run through it)
     margin: float = 0.05  # speculate only where the expected rate beats target-only's by this much (model error)
     costs: Costs = field(default_factory=Costs)
     global_acc: dict = field(default_factory=dict)  # source -> RowAcceptance over all requests (decay 0.99)
@@ -190,10 +200,23 @@ class AutoK:
         g = self.global_acc.get(source) or RowAcceptance()
         return (g.accepted + 0.5) / (g.evidence + 1)
 
+    def is_model(self, source: int) -> bool:
+        """Source 0 of a drafter with a model (model or hybrid) is the model; lookup sources are n-gram lengths."""
+        return source == 0 and not self.free_drafts
+
+    def _prior_weight(self, source: int, trials: int) -> float:
+        """Pseudo-trials of the running estimate in a request's estimate; the request's own evidence takes
+        over as it grows."""
+        g = self.global_acc.get(source)
+        cap = (g.evidence if g is not None else 0.0) + 1.0  # a prior is worth no more than its own evidence
+        if self.is_model(source):
+            return min(self.model_prior_weight * 16 / (16 + trials), cap)
+        return min(self.prior_weight * 4 / (4 + trials), cap)
+
     def acceptance(self, row: RowState, source: int = 0) -> float:
         """The point estimate of a_b,s."""
         acc = row.get(source)
-        w = self.prior_weight * 4 / (4 + acc.trials)  # the request's own evidence takes over as it grows
+        w = self._prior_weight(source, acc.trials)
         return (acc.accepted + w * self.prior(source)) / (acc.evidence + w)
 
     def confident(self, row: RowState, source: int = 0) -> float:
@@ -201,8 +224,16 @@ class AutoK:
         is noisy, and acting on its highs (a verify right after two lucky matches) is a systematic loss."""
         a = self.acceptance(row, source)
         acc = row.get(source)
-        n = acc.evidence + self.prior_weight * 4 / (4 + acc.trials)
+        n = acc.evidence + self._prior_weight(source, acc.trials)
         return max(a - self.z * math.sqrt(a * (1 - a) / (n + 1)), 0.0)
+
+    def upper(self, row: RowState, source: int = 0) -> float:
+        """The estimate plus `z` standard errors over every trial the request has shown (undecayed) and its
+        prior's pseudo-trials: the acceptance its evidence does not rule out yet."""
+        a = self.acceptance(row, source)
+        acc = row.get(source)
+        n = acc.trials + self._prior_weight(source, acc.trials)
+        return min(a + self.z * math.sqrt(a * (1 - a) / (n + 1)), 1.0)
 
     def verify_cost(self, j: int, B: int) -> float | None:
         """c(j, B): measured, else estimated from the nearest measured bucket (None: c(0) unmeasured here)."""
@@ -226,21 +257,39 @@ class AutoK:
         d = self.costs.get(("draft", 1, bucket(B)))
         return None if d is None else k * d
 
+    def catch_up(self, gap: int, B: int) -> tuple[float, str]:
+        """The cheaper way to show a draft model `gap` committed tokens it missed (the largest gap of the batch's
+        rows; they catch up together) -> (seconds, "pass" | "chunk"): ceil(gap / 2) draft calls that each
+        rewrite two tokens, or ceil(gap / chunk) prefill chunks. Each is costed per call, measured (an unmeasured
+        pass call: one draft pass; an unmeasured chunk: `chunk_guess` passes). A call costs about the same
+        whatever it holds: costing a one-token gap per token through a 64-token chunk (42 ms, as measured) made
+        every later gap look dear, and kept a draft model off for the rest of its request."""
+        if gap <= 0:
+            return 0.0, "pass"
+        Bb, d = bucket(B), self.draft_cost(1, B) or 0.0
+        per_pass = self.costs.get(("catch_up", "pass", Bb), d)
+        per_chunk = self.costs.get(("catch_up", "chunk", Bb)) or self.chunk_guess * d
+        by_pass, by_chunk = -(-gap // 2) * per_pass, -(-gap // self.chunk) * per_chunk
+        return (by_pass, "pass") if by_pass <= by_chunk else (by_chunk, "chunk")
+
     def _lookup_rate(self, B: int, a: list[float], lens: list[int], j: int) -> float:
         """Expected committed tokens per second of verifying free proposals (lens, acceptances a) at width j."""
         return sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens)) / self.verify_cost(j, B)
 
-    def _model_rate(self, B: int, rows: list[RowState], k: int, catch_up: float) -> float:
-        """Expected committed tokens per second of a k-token model draft (its catch-up amortised)."""
-        return sum(expected_tokens(self.acceptance(r), k) for r in rows) / (
+    def _model_rate(self, B: int, rows: list[RowState], k: int, catch_up: float, estimate=None) -> float:
+        """Expected committed tokens per second of a k-token model draft (its catch-up amortised), at each row's
+        point estimate (or `estimate(row)`)."""
+        estimate = estimate or self.acceptance
+        return sum(expected_tokens(estimate(r), k) for r in rows) / (
             self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
 
     # ---- choices -----------------------------------------------------------------------------------------
 
     def plan(self, B: int, rows: list[RowState], missing: int = 0, free: bool | None = None) -> int:
         """The k to draft before the step (lookup: the largest, its proposals are free; `width` then picks
-        what to verify). missing: committed tokens a draft model has not seen (its catch-up). free: this step's
-        proposals cost no pass (default: the drafter's kind; a hybrid step where every row matched lookup)."""
+        what to verify). missing: the most committed tokens a row's draft model has not seen (its catch-up).
+        free: this step's proposals cost no pass (default: the drafter's kind; a hybrid step where every row
+        matched lookup)."""
         self.steps += 1
         if self.free_drafts if free is None else free:
             return max(self.ks)
@@ -250,7 +299,7 @@ class AutoK:
         kmin = min(self.ks)
         if self.draft_cost(1, B) is None:  # the draft's cost at this bucket is unknown: one probe measures it
             return kmin
-        catch_up = missing * (self.costs.get(("catch_up", 1, bucket(B))) or 0.0)
+        catch_up = self.catch_up(missing, B)[0]
         fresh = any(r.spec_steps == 0 for r in rows)
         best, best_rate = 0, (1 + self.margin) * len(rows) / c0
         for k in self.ks:
@@ -259,6 +308,8 @@ class AutoK:
             rate = self._model_rate(B, rows, k, catch_up)
             if rate > best_rate:
                 best, best_rate = k, rate
+        if not best and self._model_rate(B, rows, kmin, catch_up, self.upper) > best_rate:
+            best = kmin  # too little evidence to rule drafting out: keep learning at the smallest k
         if best:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
@@ -269,7 +320,7 @@ class AutoK:
 
     def expects_drafting(self, B: int) -> bool:
         """Should a new request's prompt be prefilled into the draft at admission (a draft model)? Yes unless
-        the measured costs say that at the running acceptance estimate no k pays. Deciding this from the last
+        the measured costs say that no k pays at the acceptance a new request starts from (its upper bound). Deciding this from the last
         step's choice instead was a trap: once off, every new prompt needed a full catch-up, whose cost then
         kept drafting off."""
         if self.free_drafts:
@@ -277,7 +328,7 @@ class AutoK:
         c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
         if c0 is None or d is None:
             return True
-        a = self.prior(0)
+        a = self.upper(RowState())  # what a new request's first step will go by
         return any(expected_tokens(a, k) / (self.draft_cost(k, B) + self.verify_cost(k, B)) > (1 + self.margin) / c0
                    for k in self.ks)
 
@@ -329,7 +380,7 @@ class AutoK:
             return True
         a = [self.confident(r, s) for r, s in zip(rows, sources)]
         free = max([len(rows) / c0] + [self._lookup_rate(B, a, lens, j) for j in self.ks])
-        catch_up = missing * (self.costs.get(("catch_up", 1, bucket(B))) or 0.0)
+        catch_up = self.catch_up(missing, B)[0]
         return free >= max(self._model_rate(B, rows, k, catch_up) for k in self.ks)
 
     def lookup_row_beats_model(self, row: RowState, source: int, n: int, k: int) -> bool:
@@ -340,7 +391,7 @@ class AutoK:
     # ---- measurements ------------------------------------------------------------------------------------
 
     def observe_costs(self, B: int, j: int, verify_s: float, draft_passes: int = 0, draft_s: float = 0.0,
-                      caught_up: int = 0, catch_up_s: float = 0.0) -> None:
+                      catch_up_calls: int = 0, catch_up_s: float = 0.0, catch_up_by: str = "pass") -> None:
         """One step's measured seconds: the verify over j drafts (0: target-only), the draft passes, the
         catch-up. A target-only step right after a speculative one runs slower (the engine switches graphs:
         about +10% on the 2-core CPU); that excess is charged to the speculative step that caused it, and c(0)
@@ -357,8 +408,12 @@ class AutoK:
             self.costs.observe(("verify", j, Bb), verify_s, t)
         if draft_passes:
             self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
-        if caught_up:
-            self.costs.observe(("catch_up", 1, Bb), catch_up_s / caught_up, t)
+        if catch_up_calls:
+            self.costs.observe(("catch_up", catch_up_by, Bb), catch_up_s / catch_up_calls, t)
+
+    def observe_chunk(self, B: int, seconds: float) -> None:
+        """A draft-model prefill chunk over B rows (at admission): a sample of a catch-up chunk call."""
+        self.costs.observe(("catch_up", "chunk", bucket(B)), seconds, self.steps)
 
     def observe_row(self, row: RowState, source: int, n_accepted: int, rejected: bool) -> None:
         """One row's verified proposal (or a shadow check: n_accepted 1 or rejected)."""

@@ -120,7 +120,10 @@ class Batch:
             ends_here = np.array([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
             if draft_too:
+                t = time.perf_counter()
                 dec.drafter.prefill(chunk, past, kv_len, row0)
+                if self.auto is not None:  # what a catch-up through a prefill chunk costs
+                    self.auto.observe_chunk(B, time.perf_counter() - t)
         # the first token, from the prefill logits, with each row's own sampling
         sampling = self._sampling(run, row0 + B)
         u = self._uniforms(run, row0 + B, 1, sampling)[row0:, 0]  # [B]
@@ -157,26 +160,38 @@ class Batch:
             chunk = chunk[:, :max(1, max(self.lengths[b] - s for b, s in zip(run, starts)))]
         return chunk
 
-    def _catch_up_draft(self, rows: list[int], B: int) -> int:
-        """After target-only steps a draft model has not seen the latest committed tokens: prefill them (rows
-        0..B-1; rows already up to date rewrite their last two committed tokens, identical KV). -> tokens caught up."""
+    def _catch_up_draft(self, rows: list[int], B: int) -> tuple[int, str]:
+        """After target-only steps a draft model has not seen the latest committed tokens: show it them (rows
+        0..B-1 together), by the cheaper way for the largest gap (autok.catch_up): draft calls that rewrite two
+        committed tokens each, or prefill chunks. Rows already up to date rewrite their last committed tokens
+        (identical KV). -> (calls, "pass" | "chunk")."""
         dec, C = self.dec, self.C
-        need = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2]
-        missing = sum(self.lengths[b] - 2 - self.draft_valid[b] for b in need)
+        gap = self._draft_lag(rows)
+        if not gap:
+            return 0, "pass"
+        by = self.auto.catch_up(gap, B)[1] if self.auto is not None else ("pass" if gap <= 8 else "chunk")
+        need, calls = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2], 0
         while need:
             starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
                       for b in range(B)]
-            chunk = self._chunk(list(range(B)), starts)
-            past = np.array(starts, dtype=np.int64)
-            dec.drafter.prefill(chunk, past, min(max(starts) + chunk.shape[1], dec.config.cache_len), 0)
+            if by == "pass":  # positions s, s+1 of each row
+                pairs = np.stack([self.history[np.arange(B), starts], self.history[np.arange(B), np.add(starts, 1)]], 1)
+                dec.drafter.rewrite(pairs, np.add(starts, 1), dec.config.cache_len)
+                width = 2
+            else:
+                chunk = self._chunk(list(range(B)), starts)
+                dec.drafter.prefill(chunk, np.array(starts, dtype=np.int64),
+                                    min(max(starts) + chunk.shape[1], dec.config.cache_len), 0)
+                width = chunk.shape[1]
+            calls += 1
             for b in need:
-                self.draft_valid[b] = min(starts[b] + chunk.shape[1], self.lengths[b] - 2)
+                self.draft_valid[b] = min(starts[b] + width, self.lengths[b] - 2)
             need = [b for b in need if self.draft_valid[b] < self.lengths[b] - 2]
-        return missing
+        return calls, by
 
     def _draft_lag(self, rows: list[int]) -> int:
-        """Committed tokens the draft model has not seen (its catch-up before the next draft)."""
-        return sum(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
+        """The most committed tokens a row's draft model has not seen (rows catch up together)."""
+        return max(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
 
     def _hybrid_lookup(self, d: HybridDrafter, rows: list[int], B: int, last_two: np.ndarray):
         """Lookup's proposal for every row at the largest k, and which rows take it (free rows: padding). With
@@ -227,10 +242,10 @@ class Batch:
             lk, use = self._hybrid_lookup(d, rows, B, last_two)
         free = lk is not None and all(use)  # every row takes lookup's proposal: the draft model does not run
         k = self._plan_k(rows, B, free)  # 0: a target-only step
-        catch_up_s, caught_up = 0.0, 0
+        catch_up_s, catch_up_calls, catch_up_by = 0.0, 0, "pass"
         if k and not free and getattr(d, "engine", None) is not None:  # a draft model: KV up to date first
             t = time.perf_counter()
-            caught_up = self._catch_up_draft(rows, B)
+            catch_up_calls, catch_up_by = self._catch_up_draft(rows, B)
             catch_up_s = time.perf_counter() - t
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
@@ -319,8 +334,8 @@ class Batch:
                 self.draft_valid[b] = self.lengths[b] - 2
         t3 = time.perf_counter()
         if self.auto is not None:
-            self.auto.observe_costs(B, kd, t3 - t1, k if model_ran else 0, t1 - t0 - catch_up_s, caught_up,
-                                    catch_up_s)
+            self.auto.observe_costs(B, kd, t3 - t1, k if model_ran else 0, t1 - t0 - catch_up_s, catch_up_calls,
+                                    catch_up_s, catch_up_by)
             self.auto.end_step(k, [self.acc[b] for b in rows])
         for r, _ in events:
             r.stats.draft_s += t1 - t0

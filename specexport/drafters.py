@@ -72,6 +72,15 @@ class ModelDrafter:
     def prefill(self, tokens, past_len, kv_len, row0=0):
         self.engine.prefill(tokens, past_len, np.zeros_like(past_len), kv_len, row0)
 
+    def rewrite(self, pairs: np.ndarray, past_len: np.ndarray, cache_len: int) -> None:
+        """pairs [B, 2]: committed tokens at positions past_len-1, past_len, written into the KV cache by one
+        greedy draft call whose drafts are discarded (a short catch-up; what it writes beyond past_len is
+        overwritten before anything reads it). A fused engine chains one-token passes, so it drafts 1; a graph
+        per k drafts the smallest built k."""
+        ks = self.engine.ks
+        k = 1 if ks is None or getattr(self.engine, "fused", False) else min(ks)
+        self.engine.draft(pairs, past_len, min(int(past_len.max()) + k + 1, cache_len), k, None, None)
+
     def propose(self, x: DraftInputs, k: int):
         B = x.last_two.shape[0]
         draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft)
@@ -137,6 +146,9 @@ class HybridDrafter:
 
     def prefill(self, tokens, past_len, kv_len, row0=0):
         self.model.prefill(tokens, past_len, kv_len, row0)
+
+    def rewrite(self, pairs, past_len, cache_len):
+        self.model.rewrite(pairs, past_len, cache_len)
 
     def lookups(self, x: DraftInputs, k: int) -> tuple[Proposal, list[bool]]:
         """Lookup for every row -> (its proposal, which rows take it)."""

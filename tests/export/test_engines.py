@@ -108,3 +108,22 @@ def test_k_must_be_built(engines):
         dec.generate(PROMPTS[0], 4, k=2)
     with pytest.raises(SpecExportError, match="max_batch=9 exceeds"):
         SpeculativeDecoder.load(engines["qwen2"], max_batch=9)
+
+
+@pytest.mark.parametrize("graphs", ["fused", "portable", "torchscript"])
+def test_draft_catch_up_by_draft_calls_equals_by_prefill_chunks(engines, portable_engines, hf_reference, graphs):
+    """A draft model that missed target-only steps catches up through draft calls (two tokens each; the fused
+    set chains one-token passes, a graph per k drafts its smallest k) or through prefill chunks: both write the
+    same cache, so the same drafts are accepted, and the tokens stay the target's."""
+    folder = (portable_engines if graphs == "portable" else engines)["llama"]
+    dec = SpeculativeDecoder.load(folder, backend="torchscript" if graphs == "torchscript" else "onnxruntime",
+                                  drafter="model")
+    runs = []
+    for by in ("chunk", "pass"):
+        seq = iter([0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 3] * 10)
+        dec.autok().plan = lambda B, rows, missing=0, free=None: next(seq)
+        dec.autok().catch_up = lambda gap, B, by=by: (0.0, by)
+        outs = dec.generate(PROMPTS, NEW, k="auto")
+        assert [o.token_ids for o in outs] == hf_reference["llama"], by
+        runs.append([(o.stats.drafted, o.stats.accepted, o.stats.accept_hist) for o in outs])
+    assert runs[0] == runs[1] and sum(d for d, _, _ in runs[0]) > 0
