@@ -34,7 +34,8 @@ Rule
     geometric acceptance model, noisy costs). No match anywhere costs exactly a target-only step. At a
     target-only step the proposals are still checked against the token the target commits ("shadow"
     acceptance: for a one-hot draft, P(the target's token = d) is d's acceptance probability), so acceptance
-    is learnt without spending a verify on it.
+    is learnt without spending a verify on it. Likewise a hybrid row whose lookup proposal the model's
+    replaced checks it against the committed tokens: lookup keeps learning while the model drafts.
   Draft model (each drafted token costs a pass): before drafting, k maximises
     sum_b E(a_b, k) / (k d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).

@@ -249,7 +249,7 @@ class Batch:
             catch_up_s = time.perf_counter() - t
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
-        longest, shadow, source, model_ran = 0, None, [0] * B, False
+        longest, shadow, source, model_ran, unused = 0, None, [0] * B, False, None
         if k:
             x = DraftInputs(last_two, past_len, past_max + k + 1, self.history[:B], self.lengths[:B], sampling,
                             u[:, :k])
@@ -263,6 +263,9 @@ class Batch:
                     use = [take and (self.reqs[b] is None or self.auto.lookup_row_beats_model(
                         self.acc[b], lk.source[b], lens[b], k)) for b, take in enumerate(use)]
                 prop = d.merge(_cut(lk, k), use, d.model.propose(x, k), sampling)
+                if self.auto is not None:  # lookup's proposals the model's replaced: checked against the target
+                    unused = [lk.draft[b, :n].tolist() if n and not use[b] else None
+                              for b, n in enumerate(lk.draft_len.tolist())]
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
             source, model_ran = prop.source or [0] * B, prop.model_ran
             if self.auto is not None and not model_ran and longest:  # free proposals: choose what to verify
@@ -317,6 +320,9 @@ class Batch:
                 elif shadow is not None and shadow[1][b]:  # a proposal not verified: did the target pick it?
                     hit = toks[0] == shadow[0][b]
                     self.auto.observe_row(self.acc[b], source[b], int(hit), not hit)
+                if unused is not None and unused[b]:  # as far as the committed tokens go (a one-hot draft's
+                    m = _matched(unused[b], toks)      # token is accepted with P(the target's token = it))
+                    self.auto.observe_row(self.acc[b], lk.source[b], m, m < min(len(unused[b]), len(toks)))
             taken = r.commit(toks)
             self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
             self.lengths[b] += len(taken)
@@ -345,6 +351,14 @@ class Batch:
             if self.reqs[b].finish_reason is not None:
                 self._release(b)
         return events
+
+
+def _matched(draft: list[int], committed: list[int]) -> int:
+    """How many leading draft tokens the committed tokens repeat."""
+    m = 0
+    while m < min(len(draft), len(committed)) and draft[m] == committed[m]:
+        m += 1
+    return m
 
 
 def _cut(p: Proposal, k: int) -> Proposal:
