@@ -44,16 +44,20 @@ Rule
     sum_b E(a_b, k) / (k d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).
     A request's first speculative step is at most the smallest built k (no evidence yet: a cheap probe).
-    A new request's prompt is prefilled into the draft at admission (as at a fixed k) unless the measured
-    costs say no k pays at the running acceptance estimate; otherwise the draft catches up if drafting
-    turns on.
+    While the point estimate says no k pays but its upper bound (+ `z_upper` standard errors over all the
+    request's trials and its prior's) says the smallest k does, the smallest k drafts (evidence is gathered,
+    not assumed). A new request's prompt is prefilled into the draft at admission (as at a fixed k) unless
+    the measured costs say the smallest k does not pay even at a fresh request's upper bound; otherwise the
+    draft catches up if drafting turns on.
     While off, the counts stay frozen and a probe (the smallest k) runs only if the draft could pay at all
     (if every draft were accepted, some k would beat target-only), and then either
       - the point estimate says it pays (an expected gain; only the confidence bound is not convinced yet), or
       - its expected loss fits `explore` (2%) of the time spent off since the last probe, and at least
         `probe_every` steps have passed, doubling after each such probe.
     So in N steps off at acceptance too low to pay there are at most 1 + log2(N / probe_every) probes,
-    costing at most 2% of that time.
+    costing at most 2% of that time; the upper-bound steps above come on top, and each one that pays restarts
+    the probe interval (their number is bounded by how fast the bound tightens: a few steps per request for
+    a draft that does not pay, see tests/test_autok.py).
   Costs are the median of the last 5 samples within 32 steps of the newest (a passing stall moves a median
   less than a moving average, and an old sample does not outvote a new one). A target-only step right after
   a speculative one is slower (the engine switches graphs); the excess is charged to the speculative step.
@@ -63,8 +67,10 @@ Rule
   target-only step, so that the reference it is compared against is not stale (lookup measures c(0) at
   every step without a match).
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
-mistakes cost one verify each and teach a_b; a draft model is tried once per request, then only within the
-2% budget. DESIGN.md ("Adaptive k") gives the measurements.
+mistakes cost one verify each and teach a_b; a draft model is tried at the smallest k while its evidence is
+thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:
+a request's own trials also feed the running estimate that is its prior, so for the first requests the
+upper bound's evidence is overstated (by up to 2x in trials).
 """
 
 from __future__ import annotations
@@ -266,17 +272,21 @@ class AutoK:
     def catch_up(self, gap: int, B: int) -> tuple[float, str]:
         """The cheaper way to show a draft model `gap` committed tokens it missed (the largest gap of the batch's
         rows; they catch up together) -> (seconds, "pass" | "chunk"): ceil(gap / 2) draft calls that each
-        rewrite two tokens, or ceil(gap / chunk) prefill chunks. Each is costed per call, measured (an unmeasured
-        pass call: one draft pass; an unmeasured chunk: `chunk_guess` passes). A call costs about the same
-        whatever it holds: costing a one-token gap per token through a 64-token chunk (42 ms, as measured) made
-        every later gap look dear, and kept a draft model off for the rest of its request."""
+        rewrite two tokens, or ceil(gap / chunk) prefill chunks. Each is costed per call, measured; unmeasured,
+        a call is guessed at one draft pass (it is one or two passes, or the smallest built k's draft) and a chunk
+        at `chunk_guess` passes, and with no draft pass measured at this bucket the choice is made in those
+        units (seconds 0). A call costs about the same whatever it holds: costing a one-token gap per token
+        through a 64-token chunk (42 ms, as measured) made every later gap look dear, and kept a draft model
+        off for the rest of its request."""
         if gap <= 0:
             return 0.0, "pass"
-        Bb, d = bucket(B), self.draft_cost(1, B) or 0.0
-        per_pass = self.costs.get(("catch_up", "pass", Bb), d)
-        per_chunk = self.costs.get(("catch_up", "chunk", Bb)) or self.chunk_guess * d
+        Bb, d = bucket(B), self.draft_cost(1, B)
+        unit = 1.0 if d is None else d
+        per_pass = self.costs.get(("catch_up", "pass", Bb), unit)
+        per_chunk = self.costs.get(("catch_up", "chunk", Bb), self.chunk_guess * unit)
         by_pass, by_chunk = -(-gap // 2) * per_pass, -(-gap // self.chunk) * per_chunk
-        return (by_pass, "pass") if by_pass <= by_chunk else (by_chunk, "chunk")
+        way = "pass" if by_pass <= by_chunk else "chunk"
+        return (0.0 if d is None else min(by_pass, by_chunk)), way
 
     def _lookup_rate(self, B: int, a: list[float], lens: list[int], j: int) -> float:
         """Expected committed tokens per second of verifying free proposals (lens, acceptances a) at width j."""
@@ -326,17 +336,16 @@ class AutoK:
 
     def expects_drafting(self, B: int) -> bool:
         """Should a new request's prompt be prefilled into the draft at admission (a draft model)? Yes unless
-        the measured costs say that no k pays at the acceptance a new request starts from (its upper bound). Deciding this from the last
-        step's choice instead was a trap: once off, every new prompt needed a full catch-up, whose cost then
-        kept drafting off."""
+        the measured costs say that the smallest k does not pay even at a fresh request's upper bound (its first
+        step's test). Deciding this from the last step's choice instead was a trap: once off, every new prompt
+        needed a full catch-up, whose cost then kept drafting off."""
         if self.free_drafts:
             return False
         c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
         if c0 is None or d is None:
             return True
-        a = self.upper(RowState())  # what a new request's first step will go by
-        return any(expected_tokens(a, k) / (self.draft_cost(k, B) + self.verify_cost(k, B)) > (1 + self.margin) / c0
-                   for k in self.ks)
+        kmin = min(self.ks)  # a fresh request's first step: the smallest k, at most at its upper bound
+        return self._model_rate(B, [RowState()], kmin, 0.0, self.upper) > (1 + self.margin) / c0
 
     def _maybe_probe(self, B: int, rows: list[RowState], k: int, c0: float, catch_up: float) -> int:
         """Off: a probe at the smallest k, only if drafting could pay at all (every draft accepted) and the

@@ -169,7 +169,7 @@ class Batch:
         gap = self._draft_lag(rows)
         if not gap:
             return 0, "pass"
-        by = self.auto.catch_up(gap, B)[1] if self.auto is not None else ("pass" if gap <= 8 else "chunk")
+        by = (self.auto or dec.autok()).catch_up(gap, B)[1]  # (a fixed k: unmeasured, decided in draft passes)
         need, calls = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2], 0
         while need:
             starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
@@ -263,9 +263,9 @@ class Batch:
                     use = [take and (self.reqs[b] is None or self.auto.lookup_row_beats_model(
                         self.acc[b], lk.source[b], lens[b], k)) for b, take in enumerate(use)]
                 prop = d.merge(_cut(lk, k), use, d.model.propose(x, k), sampling)
-                if self.auto is not None:  # lookup's proposals the model's replaced: checked against the target
-                    unused = [lk.draft[b, :n].tolist() if n and not use[b] else None
-                              for b, n in enumerate(lk.draft_len.tolist())]
+                if self.auto is not None:  # rows that took the model's proposal: their lookup proposals (if any)
+                    unused = [lk.draft[b, :n].tolist() if n and not use[b] else None  # checked as the target commits
+                              for b, n in enumerate(lens)]
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
             source, model_ran = prop.source or [0] * B, prop.model_ran
             if self.auto is not None and not model_ran and longest:  # free proposals: choose what to verify
@@ -278,6 +278,8 @@ class Batch:
                 else:
                     capped = [min(n, j) for n in capped]
                     draft_len, longest = np.array(capped, dtype=np.int64), max(capped)
+        elif lk is not None and self.auto is not None:  # a target-only step: lookup's proposals are still checked
+            shadow, source = (lk.draft[:, 0].tolist(), lk.draft_len.tolist()), lk.source
         kd = self._verify_k(longest, k)
         if 0 < kd < k:
             draft, q = draft[:, :kd], (q[:, :kd] if q is not None else None)
@@ -327,6 +329,7 @@ class Batch:
             self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
             self.lengths[b] += len(taken)
             events.append((r, taken))
+        p_old = past_len.tolist()  # (a view: step 4 moves it)
         # 4. Advance: past_len moves past the committed tokens (rollback is not moving it further).
         if draft is not None:
             last_acc = np.take_along_axis(draft, np.maximum(n_acc - 1, 0)[:, None], 1)[:, 0]  # [B]
@@ -335,9 +338,10 @@ class Batch:
             self.prev[:B] = current
         self.past_len[:B] = past_len + n_acc + 1
         self.current[:B] = nxt
-        if model_ran:  # the draft model saw every committed position but the last two
-            for b in rows:
-                self.draft_valid[b] = self.lengths[b] - 2
+        if model_ran:  # the draft model saw every committed position but the last two; a row that took
+            for b in rows:  # lookup's proposal holds the model's own drafts after its old current token
+                took_lookup = lk is not None and use[b]
+                self.draft_valid[b] = min(p_old[b] + 1, self.lengths[b] - 2) if took_lookup else self.lengths[b] - 2
         t3 = time.perf_counter()
         if self.auto is not None:
             self.auto.observe_costs(B, kd, t3 - t1, k if model_ran else 0, t1 - t0 - catch_up_s, catch_up_calls,

@@ -75,10 +75,10 @@ class ModelDrafter:
     def rewrite(self, pairs: np.ndarray, past_len: np.ndarray, cache_len: int) -> None:
         """pairs [B, 2]: committed tokens at positions past_len-1, past_len, written into the KV cache by one
         greedy draft call whose drafts are discarded (a short catch-up; what it writes beyond past_len is
-        overwritten before anything reads it). A fused engine chains one-token passes, so it drafts 1; a graph
-        per k drafts the smallest built k."""
-        ks = self.engine.ks
-        k = 1 if ks is None or getattr(self.engine, "fused", False) else min(ks)
+        overwritten before anything reads it). A fused engine chains one-token passes and an eager one takes any
+        k, so they draft 1; a graph per k drafts the smallest built k."""
+        e = self.engine
+        k = 1 if e.ks is None or not e.fixed_shapes or getattr(e, "fused", False) else min(e.ks)
         self.engine.draft(pairs, past_len, min(int(past_len.max()) + k + 1, cache_len), k, None, None)
 
     def propose(self, x: DraftInputs, k: int):

@@ -317,6 +317,8 @@ def test_catch_up_is_costed_per_call_by_the_cheaper_way():
     for _ in range(2):
         ctl.observe_costs(1, 2, 1.3, 2, 0.2, catch_up_calls=3, catch_up_s=0.9, catch_up_by="pass")
     assert ctl.catch_up(8, 1) == (pytest.approx(0.5), "chunk")  # measured pass calls: 0.3 each
+    fresh = AutoK(KS, free_drafts=False)  # nothing measured at this bucket: decided in draft passes
+    assert fresh.catch_up(300, 2) == (0.0, "chunk") and fresh.catch_up(3, 2) == (0.0, "pass")
     with_gap = ctl._model_rate(1, [RowState()], 2, ctl.catch_up(1, 1)[0])
     assert with_gap > 0.9 * ctl._model_rate(1, [RowState()], 2, 0.0)  # amortised, one call: a small charge
 
@@ -411,3 +413,7 @@ def test_hybrid_lookup_keeps_learning_while_the_model_drafts(tiny):
     assert out.token_ids == ref.token_ids and set(out.stats.drafted_by) == {"model"}
     lookup = {s: g for s, g in ctl.global_acc.items() if s > 0}
     assert lookup and sum(g.evidence for g in lookup.values()) > 0
+    ctl.global_acc.clear()  # and at target-only steps (the model off): lookup's proposals are shadow-checked
+    ctl.plan = lambda B, rows, missing=0, free=None: 0
+    assert dec.generate([[7] * 13], max_new_tokens=30, k="auto")[0].token_ids == ref.token_ids
+    assert sum(g.evidence for s, g in ctl.global_acc.items() if s > 0) > 0
