@@ -329,7 +329,6 @@ class Batch:
             self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
             self.lengths[b] += len(taken)
             events.append((r, taken))
-        p_old = past_len.tolist()  # (a view: step 4 moves it)
         # 4. Advance: past_len moves past the committed tokens (rollback is not moving it further).
         if draft is not None:
             last_acc = np.take_along_axis(draft, np.maximum(n_acc - 1, 0)[:, None], 1)[:, 0]  # [B]
@@ -340,8 +339,10 @@ class Batch:
         self.current[:B] = nxt
         if model_ran:  # the draft model saw every committed position but the last two; a row that took
             for b in rows:  # lookup's proposal holds the model's own drafts after its old current token
-                took_lookup = lk is not None and use[b]
-                self.draft_valid[b] = min(p_old[b] + 1, self.lengths[b] - 2) if took_lookup else self.lengths[b] - 2
+                if lk is not None and use[b]:  # (old current position + 1 = new past_len - n_accepted)
+                    self.draft_valid[b] = min(int(self.past_len[b] - n_acc[b]), self.lengths[b] - 2)
+                else:
+                    self.draft_valid[b] = self.lengths[b] - 2
         t3 = time.perf_counter()
         if self.auto is not None:
             self.auto.observe_costs(B, kd, t3 - t1, k if model_ran else 0, t1 - t0 - catch_up_s, catch_up_calls,
