@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import DTYPES
 from ..errors import SpecExportError
 from ..models import ModelConfig
 from ..steps import graph_name
@@ -56,3 +57,22 @@ class Pt2Engine(TorchScriptEngine):
 
     def _step(self, kind, k=0, sampling=False):
         return self.module[graph_name(kind, k, sampling)]
+
+
+def open_pt2(root: Path, entry: dict, m: dict, max_batch: int, ks: tuple[int, ...], device: str = "cpu",
+             shared: dict | None = None):
+    """The Pt2Engine of one role of an engine folder, after checking the package can load here (shared: a
+    sharing draft's tensors that are the target's, export/loader.shared_tensors)."""
+    pt2 = entry.get("pt2")
+    if pt2 is None:
+        raise SpecExportError(f"{root} has no pt2 packages: rebuild with --format onnx,pt2")
+    if pt2["torch"] != torch.__version__:
+        raise SpecExportError(f"{root}/{pt2['file']} was compiled by torch {pt2['torch']} and AOTInductor packages "
+                              f"load only in the torch that built them; this is torch {torch.__version__}: rebuild "
+                              "the engine with specexport build --format ...,pt2 under this torch")
+    if device != pt2["device"]:
+        raise SpecExportError(f"{root}/{pt2['file']} was compiled for {pt2['device']}, not {device}: rebuild it on "
+                              f"a {device} machine, or load with device={pt2['device']!r}")
+    return Pt2Engine(root / pt2["file"], root / entry["weights"], pt2["graphs"],
+                     ModelConfig.from_manifest(entry["config"]), max_batch, pt2["cache_len"],
+                     getattr(torch, DTYPES[m["dtype"]]), ks, pt2.get("aliases", {}), device, shared)

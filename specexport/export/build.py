@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
 from ..config import PROMPT_LOOKUP, BuildConfig
 from ..draft_models import load_draft
 from ..errors import SpecExportError
@@ -30,6 +29,7 @@ from ..models import LoadedModel, load_model, read_config, resolve_path
 from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model
 from ..models.layer_spec import LayerSpec, is_layers_spec
 from ..steps import graph_list
+from ..version import __version__
 from .manifest import MANIFEST, graph_code, write_manifest
 from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, shared_tensors, write_weights
 from .torchscript import export_torchscript

@@ -19,11 +19,6 @@ LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", 
 DRAFTERS = (PROMPT_LOOKUP, "model", "hybrid")
 
 
-def model_config(entry: dict) -> ModelConfig:
-    c = entry["config"]
-    return ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])})
-
-
 def shared_tensors(root: Path, entry: dict, theirs: dict | None = None) -> dict | None:
     """A draft's tensors that are the target's (entry["shared"]: its name -> the target's): taken from `theirs`
     (the loaded target's tensors by file name: held once), or from the target's file; None for other models.
@@ -116,10 +111,10 @@ def _open(path: str, backend: str, options: dict):
             from ..backends.torch_engine import open_torchscript
             from .torchscript import warn_deprecated
             warn_deprecated()
-            return open_torchscript(root / entry["torchscript"], model_config(entry), max_batch, m["cache_len"],
-                                    m["dtype"], ks)
+            return open_torchscript(root / entry["torchscript"], ModelConfig.from_manifest(entry["config"]), max_batch,
+                                    m["cache_len"], m["dtype"], ks)
         if backend == "pt2":
-            from .pt2 import open_pt2
+            from ..backends.pt2_engine import open_pt2
             shared = shared_tensors(root, entry, target.weights if target is not None else None)
             return _graphs(open_pt2(root, entry, m, max_batch, ks, device, shared))
         if backend == "torch":

@@ -33,6 +33,11 @@ class ModelConfig:
     bos_token_id: int | None = None
 
     @classmethod
+    def from_manifest(cls, c: dict) -> "ModelConfig":
+        """The config an engine manifest recorded (JSON lists back to tuples)."""
+        return cls(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])})
+
+    @classmethod
     def from_hf(cls, d: dict, generation_config: dict | None = None) -> "ModelConfig":
         """From a transformers config.json dict (transformers 4.x and 5.x spellings)."""
         mt = d.get("model_type")
