@@ -234,18 +234,14 @@ class AutoK:
     def confident(self, row: RowState, source: int = 0) -> float:
         """What decisions use: the estimate less `z` standard errors over its effective trials. A short memory
         is noisy, and acting on its highs (a verify right after two lucky matches) is a systematic loss."""
-        a = self.acceptance(row, source)
-        acc = row.get(source)
-        n = acc.evidence + self._prior_weight(source, acc.trials)
-        return max(a - self.z * math.sqrt(a * (1 - a) / (n + 1)), 0.0)
+        a, acc = self.acceptance(row, source), row.get(source)
+        return max(a - self.z * _stderr(a, acc.evidence + self._prior_weight(source, acc.trials)), 0.0)
 
     def upper(self, row: RowState, source: int = 0) -> float:
         """The estimate plus `z_upper` standard errors over every trial the request has shown (undecayed) and its
         prior's pseudo-trials: the acceptance its evidence does not rule out yet."""
-        a = self.acceptance(row, source)
-        acc = row.get(source)
-        n = acc.trials + self._prior_weight(source, acc.trials)
-        return min(a + self.z_upper * math.sqrt(a * (1 - a) / (n + 1)), 1.0)
+        a, acc = self.acceptance(row, source), row.get(source)
+        return min(a + self.z_upper * _stderr(a, acc.trials + self._prior_weight(source, acc.trials)), 1.0)
 
     def verify_cost(self, j: int, B: int) -> float | None:
         """c(j, B): measured, else estimated from the nearest measured bucket (None: c(0) unmeasured here)."""
@@ -442,3 +438,8 @@ class AutoK:
         if k:
             for r in rows:
                 r.spec_steps += 1
+
+
+def _stderr(a: float, n: float) -> float:
+    """The standard error of an acceptance estimate a over n (effective) trials."""
+    return math.sqrt(a * (1 - a) / (n + 1))

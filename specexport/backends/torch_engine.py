@@ -75,6 +75,7 @@ class TorchEngine:
             runtime = CudaRuntime(self.device)
         self.graphs = StepGraphs(runtime, self.max_batch, **options)
         self._steps = {}  # captured steps are built static (no data-dependent branch on the host)
+        self._io: dict[str, tuple[list[str], int]] = {}
         return self
 
     def _key_pos(self, kv_len: int) -> torch.Tensor:
@@ -87,11 +88,14 @@ class TorchEngine:
         t0 = time.perf_counter()
         if self.graphs is not None and kind in CAPTURED:
             assert row0 == 0, "captured steps run over cache rows 0.."
-            names, outs = io_names(kind, k, sampling, self.config.num_layers)
+            name = graph_name(kind, k, sampling)
+            if name not in self._io:  # (input names, outputs before the caches), once per graph
+                names, outs = io_names(kind, k, sampling, self.config.num_layers)
+                self._io[name] = names, len(outs) - 2 * self.config.num_layers
+            names, n_out = self._io[name]
             host = [x if x is None or isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
                     for x in inputs]
-            out = self.graphs.run(graph_name(kind, k, sampling), names[:len(host)], step, host,
-                                  lambda Bb: self._kv(Bb), len(outs) - 2 * self.config.num_layers)
+            out = self.graphs.run(name, names[:len(host)], step, host, lambda Bb: self._kv(Bb), n_out)
             self.busy_s += time.perf_counter() - t0
             return out
         inputs = [x if x is None or isinstance(x, torch.Tensor) else _t(x, self.device) for x in inputs]
