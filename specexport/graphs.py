@@ -49,6 +49,15 @@ def graph_name(kind: str, k: int = 0, sampling: bool = False) -> str:
     return f"draft_pass{k}_{mode}" if kind == "draft_pass" else f"{kind}_k{k}_{mode}"
 
 
+PER_ROW_MAX = 16  # per-row-attention variants exist for batches 2..16; a larger batch runs in chunks of 16
+
+
+def rows_name(name: str, B: int) -> str:
+    """The variant of graph `name` for exactly B rows with attention run per row (export/onnx_graphs.py:
+    per_row_attention); its caches are `key.{layer}.{row}` [1, Hkv, S, D]."""
+    return f"{name}_rows{B}"
+
+
 def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tuple[str, str, int, bool]]:
     """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
     draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""

@@ -67,7 +67,8 @@ class SpeculativeDecoder:
         max_batch (<= built), device ('cpu' or 'cuda' for onnxruntime, torch and pt2), cuda_graphs (torch and pt2
         on cuda: replay draft and verify as CUDA graphs, default True; backends/cuda_graphs.py), prepack
         (onnxruntime CPU weight pre-packing: faster passes; default on where the sessions can share one packed
-        copy, backends/ort_capi.py), verify_hashes (default
+        copy, backends/ort_capi.py), batch_invariant (fused onnxruntime engines: batched target-only steps run
+        the exact per-row step too, so tokens never depend on the batch; default False), verify_hashes (default
         True), ngram_min / ngram_max (prompt lookup), min_match (hybrid), drafter (an engine built with a draft
         model: 'hybrid', the default: lookup where it matches, the model elsewhere; 'model'; 'prompt-lookup',
         without loading the draft)."""

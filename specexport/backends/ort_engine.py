@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecExportError
-from ..graphs import graph_name
+from ..graphs import PER_ROW_MAX, graph_name, rows_name
 from ..models.config import ModelConfig
 from ..sampling import SamplingRows
 from . import ort_capi
@@ -76,16 +76,26 @@ class OrtEngine:
     def __init__(self, folder: Path, entry: dict, max_batch: int, cache_len: int, ks: tuple[int, ...],
                  threads: int | None = None, device: str = "cpu", target_vocab: int | None = None,
                  prepack: bool | None = None, ops: str = "portable", preload: bool | None = None,
-                 shared_with: "OrtEngine | None" = None):
+                 shared_with: "OrtEngine | None" = None, batch_invariant: bool = False):
         import onnxruntime as ort
         self.ort = ort
         self.folder = folder
-        self.config = ModelConfig(**{**entry["config"], "eos_token_ids": tuple(entry["config"]["eos_token_ids"])})
+        self.config = ModelConfig.from_manifest(entry["config"])
         self.vocab_size = self.config.vocab_size
         self.target_vocab = target_vocab or self.vocab_size
         self.graphs = entry["graphs"]  # name -> {"file", "inputs", "outputs"}
         self.fused = ops == "fused"
-        self.row_by_row = self.fused  # multi-token calls at batch > 1 run one row at a time (see _run)
+        # multi-token calls at batch > 1 run one row at a time (see _run), unless the build wrote per-row-attention
+        # variants of the verify graphs (`<graph>_rows<B>`)
+        self.per_row = self.fused and any("_rows" in n for n in self.graphs)
+        self.row_by_row = self.fused and not self.per_row
+        # batch_invariant: batched target-only steps are exact too (each row's attention over the current token
+        # twice, per row: a request's tokens then never depend on its batch; costs 8-24% of a batched
+        # target-only step on the 4-bit SmolLM2, B = 4..16); off, they are the batched one-token graph
+        if batch_invariant and self.fused and not self.per_row and max_batch > 1:
+            raise SpecExportError("batch_invariant=True needs the per-row-attention graphs that specexport build "
+                                  "writes for fused engines with --max-batch > 1: rebuild this engine")
+        self.batch_invariant = batch_invariant
         self.ks = ks
         self.max_batch, self.cache_len = max_batch, cache_len
         self.device = device
@@ -136,14 +146,15 @@ class OrtEngine:
         self._key_pos_values: dict[int, object] = {}
         self.busy_s = 0.0  # seconds inside session runs (the benchmark's host-overhead split)
         for name in self.graphs:  # sessions open at load (slow loading, no first-use pause) or at first use, so
-            if preload is True or (preload is None and self._greedy_graph(name)):  # that a run holds packed
+            if (preload is True and "_rows" not in name) or (preload is None and self._greedy_graph(name)):  # that a run holds packed
                 self.session(name)  # weights only for the graphs it calls
         self._bindings: dict[tuple[str, int], _Binding] = {}
 
     def _greedy_graph(self, name: str) -> bool:
         """The graphs greedy decoding can call at this max_batch (preload=None opens these at load; sampling
-        graphs open at the first sampled request): a fused engine's 1-token target step only runs at batch > 1."""
-        if name.endswith("_sample"):
+        graphs open at the first sampled request): a fused engine's 1-token target step only runs at batch > 1.
+        Per-row variants open at the first step with their batch size."""
+        if name.endswith("_sample") or "_rows" in name:
             return False
         return not (self.fused and self.max_batch == 1 and name == "verify_k0_greedy")
 
@@ -239,11 +250,19 @@ class OrtEngine:
         return self._bindings[key]
 
     def _run(self, name: str, B: int, inputs: dict, kv_len: int, row0: int = 0) -> list[np.ndarray]:
-        if self.fused and B > 1 and self.graphs[name]["inputs"][0][2][1] > 1:  # multi-token rows: one at a time
-            outs = [self._binding(name, 1, row0 + b).run({n: t[b:b + 1] for n, t in inputs.items()}, kv_len)
-                    for b in range(B)]
-            return [np.concatenate(parts) for parts in zip(*outs)]
-        return self._binding(name, B, row0).run(inputs, kv_len)
+        if not (self.fused and B > 1 and (self.graphs[name]["inputs"][0][2][1] > 1 or "_exact" in name)):
+            return self._binding(name, B, row0).run(inputs, kv_len)
+        # multi-token rows at batch > 1 (and the exact target-only step): chunks of up to PER_ROW_MAX rows, each
+        # one call of the graph's per-row-attention variant for its size; a graph without them (prefill, a draft,
+        # an engine built before them), row by row
+        step = PER_ROW_MAX if rows_name(name, 2) in self.graphs else 1
+        outs = []
+        for a in range(0, B, step):
+            n = min(step, B - a)
+            g = rows_name(name, n) if n > 1 else name
+            part = inputs if n == B else {key: t[a:a + n] for key, t in inputs.items()}
+            outs.append(self._binding(g, n, row0 + a).run(part, kv_len))  # (each binding has its own outputs)
+        return outs[0] if len(outs) == 1 else [np.concatenate(parts) for parts in zip(*outs)]
 
     def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u):
         """A fused draft: k one-pass calls. The first pass re-reads the last two committed tokens (at batch > 1 as
@@ -286,7 +305,7 @@ class OrtEngine:
 
     def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
         name = graph_name("verify", k, sampling is not None)
-        if k == 0 and self.fused and len(tokens) == 1:  # (see the module docstring: exactness)
+        if k == 0 and self.fused and (len(tokens) == 1 or self.batch_invariant):  # (module docstring: exactness)
             name, kv_len = graph_name("verify_exact", 0, sampling is not None), min(kv_len + 1, self.cache_len)
         ins = dict(tokens=tokens, draft_len=draft_len, past_len=past_len)
         if sampling is not None:
@@ -347,19 +366,24 @@ class _Binding:
         bind_in, bind_out = ((self.io.bind_input, self.io.bind_output) if self.capi
                              else (self.io.bind_ortvalue_input, self.io.bind_ortvalue_output))
         row_bytes = int(np.prod(kv_shape[1:])) * eng.kv_dtype.itemsize  # rows row0.. of [max_batch, Hkv, S, D]
-        for j, ((i_name, _, _), (o_name, _, _), kv) in enumerate(zip(spec["inputs"][-n_kv:], spec["outputs"][-n_kv:],
-                                                                      eng.kv)):
+        # the caches come last: n_kv of [B, Hkv, S, D], or (a per-row variant) B of [1, Hkv, S, D] per cache
+        per_row = spec["inputs"][-1][0].count(".") == 2  # key.{layer}.{row}
+        n_in = n_kv * B if per_row else n_kv
+        parts = [(j, row0 + r, 1) for j in range(n_kv) for r in range(B)] if per_row else \
+            [(j, row0, B) for j in range(n_kv)]
+        for (i_name, _, _), (o_name, _, _), (j, first, n) in zip(spec["inputs"][-n_in:], spec["outputs"][-n_in:],
+                                                                 parts):
             if self.capi:  # the cache rows as both input and output: written in place
-                rows = value(eng._kv_np[j][row0:row0 + B], output=True)
+                rows = value(eng._kv_np[j][first:first + n], output=True)
                 bind_in(i_name, rows)
                 bind_out(o_name, rows)
                 continue
-            ptr = kv.data_ptr() + row0 * row_bytes
-            self.io.bind_input(i_name, dev, 0, eng.kv_dtype, kv_shape, ptr)
-            self.io.bind_output(o_name, dev, 0, eng.kv_dtype, kv_shape, ptr)
+            ptr = eng.kv[j].data_ptr() + first * row_bytes
+            self.io.bind_input(i_name, dev, 0, eng.kv_dtype, [n] + kv_shape[1:], ptr)
+            self.io.bind_output(o_name, dev, 0, eng.kv_dtype, [n] + kv_shape[1:], ptr)
         self.keep = []  # OrtValues bound once must outlive the binding
         self.inputs = {}  # name -> (OrtValue, host staging array) for the step's small inputs, key_pos aside
-        for i_name, dtype, dims in spec["inputs"][:-n_kv]:
+        for i_name, dtype, dims in spec["inputs"][:-n_in]:
             if i_name == "key_pos":
                 continue
             host = np.zeros([B if d == "B" else d for d in dims], np.dtype(dtype))
@@ -367,7 +391,7 @@ class _Binding:
             bind_in(i_name, v)
             self.inputs[i_name] = (v, host)
         self.outputs = []  # (OrtValue, host array) per step output, in the step's order
-        for o_name, dtype, dims in spec["outputs"][:-n_kv]:
+        for o_name, dtype, dims in spec["outputs"][:-n_in]:
             shape = [B if d == "B" else d for d in dims]
             host = np.zeros(shape, np.dtype(dtype))
             v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \

@@ -170,7 +170,7 @@ def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
     c = entry["config"]
     legacy = entry.get("quant") and not entry.get("quant_layers")  # quantized from random weights, then loaded
     with torch.device("cpu" if legacy else "meta"):  # a shell: every tensor comes from the files (assign below)
-        model = StaticKVDecoder(ModelConfig(**{**c, "eos_token_ids": tuple(c["eos_token_ids"])}), cache_len).fuse()
+        model = StaticKVDecoder(ModelConfig.from_manifest(c), cache_len).fuse()
         if entry.get("quant_layers"):  # quantized layers (copies, --target-quant, GGUF as stored): shells whose
             from ..models.quant import apply_quant_layers  # codes come from the file
             model = apply_quant_layers(model, entry["quant_layers"])

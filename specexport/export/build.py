@@ -25,6 +25,7 @@ import torch
 from ..config import PROMPT_LOOKUP, BuildConfig
 from ..draft_models import load_draft
 from ..errors import SpecExportError
+from ..graphs import PER_ROW_MAX
 from ..models import LoadedModel, load_model, read_config, resolve_path
 from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model
 from ..models.layer_spec import LayerSpec, is_layers_spec
@@ -133,9 +134,10 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         if "onnx" in cfg.formats:
             for name, kind, k, sampling in graphs:
                 bar.set_description(f"{role} {name} (onnx)")
-                info = export_graph(m.model, kind, k, sampling, cfg.prefill_chunk, dec_cfg.cache_len, V, folder,
-                                    weights, cfg.ops, prefix)
-                entry["graphs"][name] = {**info, "file": f"{place}/{info['file']}"}
+                infos = export_graph(m.model, kind, k, sampling, cfg.prefill_chunk, dec_cfg.cache_len, V, folder,
+                                     weights, cfg.ops, prefix, rows=per_row_batches(cfg, role, kind, k))
+                for gname, info in infos.items():
+                    entry["graphs"][gname] = {**info, "file": f"{place}/{info['file']}"}
                 bar.update()
         if "torchscript" in cfg.formats:
             bar.set_description(f"{role} (torchscript)")
@@ -184,6 +186,17 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     files = {rel: info["bytes"] for rel, info in manifest_files(out).items()}
     return {"out": str(out), "stages_s": st.times, "graphs": len(work), "formats": list(cfg.formats),
             "ks": sorted(cfg.ks), "files": files, "total_bytes": sum(files.values())}
+
+
+def per_row_batches(cfg: BuildConfig, role: str, kind: str, k: int) -> tuple[int, ...]:
+    """The batch sizes that get a per-row-attention variant of a graph (onnx_graphs.per_row_attention): a fused
+    target's multi-token verify graphs and its exact target-only step, at every batch 2..min(max_batch,
+    PER_ROW_MAX) (one graph file each; a larger batch runs in chunks). Without them a fused verify at batch B
+    runs the graph once per row (ONNX Runtime's GroupQueryAttention refuses multi-token rows with a past at
+    batch > 1); the exact step's variants serve `batch_invariant` loads."""
+    if cfg.ops != "fused" or role != "target" or not (kind == "verify_exact" or (kind == "verify" and k > 0)):
+        return ()
+    return tuple(range(2, min(cfg.max_batch, PER_ROW_MAX) + 1))
 
 
 def export_pt2_entry(model, role: str, graphs, cfg: BuildConfig, cache_len: int, V: int, folder: Path, bar,

@@ -15,7 +15,7 @@ from ..models.config import ModelConfig
 from .manifest import read_manifest
 
 LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "min_match", "prepack",
-                "drafter", "preload", "cuda_graphs")
+                "drafter", "preload", "cuda_graphs", "batch_invariant")
 DRAFTERS = (PROMPT_LOOKUP, "model", "hybrid")
 
 
@@ -104,7 +104,8 @@ def _open(path: str, backend: str, options: dict):
             from ..backends.ort_engine import OrtEngine
             return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab,
                              prepack=options.get("prepack"), ops=m.get("ops", "portable"),
-                             preload=options.get("preload"), shared_with=target)
+                             preload=options.get("preload"), shared_with=target,
+                             batch_invariant=role == "target" and bool(options.get("batch_invariant")))
         if backend == "torchscript":
             if "torchscript" not in entry:
                 raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..models import StaticKVDecoder
+from ..graphs import rows_name
 from ..steps import PrefillStep, graph_name, io_names, make_step, tokens_per_pass
 
 OPSET = 18
@@ -103,11 +104,13 @@ def safetensors_offsets(path: Path) -> dict[str, tuple[int, int]]:
 
 def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chunk: int, cache_len: int,
                  target_vocab: int, out_dir: Path, weights: dict[str, tuple[str, int, int]], ops: str = "portable",
-                 prefix: str = "") -> dict:
+                 prefix: str = "", rows: tuple[int, ...] = ()) -> dict[str, dict]:
     """Trace one step graph to out_dir/<prefix><graph>.onnx; `weights` (write_weights) places each weight in a
     file of out_dir.
     ops: "portable" (standard ONNX ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py).
-    Returns {"file", "inputs", "outputs"} for the manifest (names, dtypes, shapes with B / L symbolic)."""
+    rows: batch sizes that also get the graph's per-row-attention variant (fused only, per_row_attention).
+    Returns graph name -> {"file", "inputs", "outputs", ...} for the manifest (names, dtypes, shapes with B / L
+    symbolic): the graph, then its variants."""
     import onnx
     name = graph_name(kind, k, sampling)
     module = make_step(model, kind, k, sampling, target_vocab, inplace=False, static=True)
@@ -148,7 +151,14 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
         elif len(init.raw_data) > _INLINE_LIMIT:
             raise RuntimeError(f"{name}: initializer {init.name!r} ({len(init.raw_data)} bytes) is not a model "
                                "weight; the export would duplicate it")
-    path = out_dir / f"{prefix}{name}.onnx"
+    out = {name: _save(proto, out_dir / f"{prefix}{name}.onnx")}
+    for B in rows:
+        out[rows_name(name, B)] = _save(per_row_attention(proto, B), out_dir / f"{prefix}{rows_name(name, B)}.onnx")
+    return out
+
+
+def _save(proto, path: Path) -> dict:
+    import onnx
     onnx.save(proto, str(path))
     counts: dict[str, int] = {}
     for node in proto.graph.node:
@@ -176,6 +186,76 @@ def _pack_qkv(proto) -> None:
             continue
         n.input[0], n.input[1], n.input[2] = split.input[0], "", ""
         nodes.remove(split)
+
+
+def per_row_attention(proto, B: int):
+    """A copy of a fused graph for exactly B rows whose GroupQueryAttention runs once per row.
+
+    ONNX Runtime's CPU GroupQueryAttention refuses multi-token rows with a past at batch > 1, so without this a
+    fused verify (or prefill) at batch B runs the whole graph B times, each row reading every weight again. Here
+    the linears, norms and acceptance run over all B rows at once (their kernels give a row the same bits
+    whatever the row count) and only attention is split: each layer's q/k/v [B, T, .] (packed or not) is split
+    into B rows, each row's attention writes its own cache row in place, and the outputs are concatenated. A
+    row's attention is then the very call a batch-1 pass makes, so the tokens are the row-by-row ones.
+
+    The cache inputs and outputs `key.{l}` [B, Hkv, S, D] become one per row: `key.{l}.{r}` [1, Hkv, S, D]
+    (rows in order, for each cache in the graph's order), bound to the cache rows themselves."""
+    import onnx
+    from onnx import helper
+    g = onnx.ModelProto()
+    g.CopyFrom(proto)
+    graph = g.graph
+    caches = [i.name for i in graph.input if i.name.startswith(("key.", "value."))]
+    nodes, split_done = [], {}
+
+    def split(name: str) -> list[str]:  # rows of `name` along axis 0, split once per tensor
+        if name not in split_done:
+            split_done[name] = [f"{name}/row{r}" for r in range(B)]
+            nodes.append(helper.make_node("Split", [name], split_done[name], axis=0, num_outputs=B,
+                                          name=f"{name}/split_rows"))
+        return split_done[name]
+
+    for n in graph.node:
+        if n.op_type != "GroupQueryAttention":
+            nodes.append(n)
+            continue
+        key, value, seqlens = n.input[3], n.input[4], n.input[5]
+        assert key in caches and value in caches, f"{n.name}: per-row attention needs the caches as graph inputs"
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        qkv_rows = [split(x) if x else [""] * B for x in n.input[:3]]  # packed q/k/v, or q, k, v
+        len_rows = split(seqlens)
+        out, key_out, value_out = n.output
+        for r in range(B):
+            nodes.append(helper.make_node(
+                "GroupQueryAttention", [*(x[r] for x in qkv_rows), f"{key}.{r}", f"{value}.{r}", len_rows[r],
+                                        *n.input[6:]],
+                [f"{out}/row{r}", f"{key_out}.{r}", f"{value_out}.{r}"], domain="com.microsoft",
+                name=f"{n.name}/row{r}", **attrs))
+        nodes.append(helper.make_node("Concat", [f"{out}/row{r}" for r in range(B)], [out], axis=0,
+                                      name=f"{n.name}/rows"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    cache_prefixes = ("key.", "value.", "key_out.", "value_out.")
+    for field in (graph.input, graph.output):
+        kept = [v for v in field if not v.name.startswith(cache_prefixes)]
+        per_row = []
+        for v in field:
+            if v.name.startswith(cache_prefixes):
+                for r in range(B):
+                    w = onnx.ValueInfoProto()
+                    w.CopyFrom(v)
+                    w.name = f"{v.name}.{r}"
+                    w.type.tensor_type.shape.dim[0].Clear()
+                    w.type.tensor_type.shape.dim[0].dim_value = 1
+                    per_row.append(w)
+        del field[:]
+        field.extend(kept + per_row)
+    for v in list(graph.input) + list(graph.output):  # every other batch dimension is B now
+        for d in v.type.tensor_type.shape.dim[:1]:
+            if d.dim_param == "B":
+                d.Clear()
+                d.dim_value = B
+    return g
 
 
 def _drop_unused_outputs(proto) -> None:

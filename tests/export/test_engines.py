@@ -102,6 +102,55 @@ def test_engine_streams_and_batches_like_the_eager_runtime(engines, tiny):
     assert [dec.generate([p], NEW)[0].token_ids for p in PROMPTS] == ref  # batch 1 uses its own bindings
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_batched_verify_runs_attention_per_row(engines, portable_engines, hf_reference, family, monkeypatch,
+                                                tmp_path):
+    """A fused target has per-row-attention variants of its multi-token verify graphs and its exact
+    target-only step for batches 2..max_batch: one call runs the linears over every row and attention per row
+    (ONNX Runtime's GroupQueryAttention refuses multi-token rows with a past at batch > 1; without them a verify
+    ran the whole graph once per row). A batched verify gives each row's batch-1 bits; with batch_invariant
+    the batched target-only steps do too (by default they are the batched one-token graph, which can round
+    differently after a near tie), so a batch gives each row's batch-1 tokens at every k, auto included, and
+    the same tokens as the row-by-row calls of an engine without the variants."""
+    import json
+    from pathlib import Path
+    m = json.loads((Path(engines[family]) / "manifest.json").read_text())
+    graphs, L = m["models"]["target"]["graphs"], m["models"]["target"]["config"]["num_layers"]
+    assert {n for n in graphs if "_rows" in n} == {f"{g}_{mode}_rows{B}" for g in ("verify_k1", "verify_k3",
+                                                                                  "verify_k0_exact")
+                                                   for mode in ("greedy", "sample") for B in (2, 3, 4)}
+    g = graphs["verify_k3_greedy_rows3"]
+    caches = [i for i in g["inputs"] if i[0].startswith(("key.", "value."))]
+    assert [c[0] for c in caches[:3]] == ["key.0.0", "key.0.1", "key.0.2"] and len(caches) == 2 * L * 3
+    assert all(c[2][0] == 1 for c in caches) and g["inputs"][0][2] == [3, 4]
+    assert g["op_counts"]["GroupQueryAttention"] == 3 * L
+    assert "verify_k3_greedy_rows3" not in json.dumps(m["models"].get("draft", {}))  # (the target's only)
+
+    assert not SpeculativeDecoder.load(engines[family]).target.batch_invariant  # (the default)
+    dec = SpeculativeDecoder.load(engines[family], drafter="hybrid", batch_invariant=True)
+    assert dec.target.per_row and not dec.target.row_by_row
+    one = {k: [dec.generate([p], NEW, k=k or None, speculative=k != 0)[0].token_ids for p in PROMPTS]
+           for k in (0, 1, 3, "auto")}
+    assert one[0] == hf_reference[family]
+    for k, want in one.items():
+        assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=k or None, speculative=k != 0)] == want, k
+    B = len(PROMPTS)
+    assert {f"verify_k3_greedy_rows{B}", f"verify_k0_exact_greedy_rows{B}"} <= set(dec.target._sessions)
+    from specexport.backends import ort_engine
+    monkeypatch.setattr(ort_engine, "PER_ROW_MAX", 2)  # a batch over the largest variant: chunks (2 + 1 rows)
+    for k in (0, 3):
+        assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=k or None, speculative=k != 0)] == one[k], k
+    SpeculativeDecoder.load(portable_engines[family], batch_invariant=True)  # (standard ops: nothing to do)
+    import shutil
+    old = tmp_path / "engine"  # an engine built before the variants
+    shutil.copytree(engines[family], old)
+    m["models"]["target"]["graphs"] = {n: g for n, g in graphs.items() if "_rows" not in n}
+    (old / "manifest.json").write_text(json.dumps(m))
+    assert [o.token_ids for o in SpeculativeDecoder.load(str(old)).generate(PROMPTS, NEW, k=3)] == one[3]
+    with pytest.raises(SpecExportError, match="batch_invariant=True needs the per-row-attention graphs"):
+        SpeculativeDecoder.load(str(old), batch_invariant=True)
+
+
 def test_k_must_be_built(engines):
     dec = SpeculativeDecoder.load(engines["qwen2"])
     with pytest.raises(SpecExportError, match=r"k=2 has no graphs in this engine \(built: 1, 3\)"):
