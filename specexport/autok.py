@@ -23,7 +23,8 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              thin evidence does not turn a draft off
   c(j, B)    measured seconds of the verify step over j drafts (host commit included), c(0, B) = a target-only
              step; per batch bucket (1, 2, 4, 8, ... rows). An unmeasured width is estimated from the nearest
-             measured bucket b: c(0, B) c(j, b) / c(0, b), or c(j, b) B / b for an engine that verifies row by
+             measured bucket b: c(0, B) + (c(j, b) - c(0, b)) B / b (each extra row costs what it did at b: a
+             batched verify is compute-bound on a CPU), or c(j, b) B / b for an engine that verifies row by
              row; else (1 + 0.05 j) c(0, B) (times B row by row): optimistic, so that a width is tried once
              when the drafts look good
   d(B)       measured seconds per draft-model pass (a k-token draft is k passes)
@@ -257,8 +258,10 @@ class AutoK:
         if near:
             b = near[0][1]
             cj = self.costs.get(("verify", j, b))
-            # row by row: the verify repeats per row; batched: it scales as the target-only step does
-            estimate = cj * Bb / b if self.row_by_row else c0 * cj / self.costs.get(("verify", 0, b))
+            # row by row: the verify repeats per row; batched: each of its extra B x j rows costs what one did
+            # at bucket b (on a CPU a batched verify is compute-bound: 48 rows cost twice 16; scaling with the
+            # target-only step instead priced a 16-row verify at a third of its cost and auto explored it)
+            estimate = cj * Bb / b if self.row_by_row else c0 + (cj - self.costs.get(("verify", 0, b))) * Bb / b
         return self.costs.get(("verify", j, Bb), estimate)
 
     def draft_cost(self, k: int, B: int) -> float | None:
