@@ -24,9 +24,9 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
   c(j, B)    measured seconds of the verify step over j drafts (host commit included), c(0, B) = a target-only
              step; per batch bucket (1, 2, 4, 8, ... rows). An unmeasured width is estimated from the nearest
              measured bucket b: c(0, B) + (c(j, b) - c(0, b)) B / b (each extra row costs what it did at b: a
-             batched verify is compute-bound on a CPU), or c(j, b) B / b for an engine that verifies row by
-             row; else (1 + 0.05 j) c(0, B) (times B row by row): optimistic, so that a width is tried once
-             when the drafts look good
+             batched verify is compute-bound on a CPU; on a GPU c(0, B) c(j, b) / c(0, b)), or c(j, b) B / b
+             for an engine that verifies row by row; else (1 + 0.05 j) c(0, B) (times B row by row):
+             optimistic, so that a width is tried once when the drafts look good
   d(B)       measured seconds per draft-model pass (a k-token draft is k passes)
   u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
@@ -185,6 +185,7 @@ class AutoK:
     ks: tuple[int, ...]  # built k values (k = 0, target-only, is always an option)
     free_drafts: bool = True  # prompt lookup (proposals cost no pass) or a draft model
     row_by_row: bool = False  # the engine verifies a batch one row at a time (cost grows with B)
+    compute_bound: bool = True  # a batched verify's extra rows cost what they did at another batch (a CPU)
     decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials
     z: float = 0.5  # lookup decisions use the acceptance estimate less z standard errors
     z_upper: float = 1.0  # a draft model keeps learning at the smallest k while its estimate + z_upper SE pays
@@ -258,10 +259,13 @@ class AutoK:
         if near:
             b = near[0][1]
             cj = self.costs.get(("verify", j, b))
-            # row by row: the verify repeats per row; batched: each of its extra B x j rows costs what one did
-            # at bucket b (on a CPU a batched verify is compute-bound: 48 rows cost twice 16; scaling with the
-            # target-only step instead priced a 16-row verify at a third of its cost and auto explored it)
-            estimate = cj * Bb / b if self.row_by_row else c0 + (cj - self.costs.get(("verify", 0, b))) * Bb / b
+            # row by row: the verify repeats per row; batched on a CPU: each of its extra B x j rows costs what
+            # one did at bucket b (compute-bound: 48 rows cost twice 16; scaling with the target-only step
+            # instead priced a 16-row verify at a third of its cost, and auto explored it); on a GPU, where
+            # extra rows are nearly free, it scales with the target-only step
+            c0b = self.costs.get(("verify", 0, b))
+            estimate = cj * Bb / b if self.row_by_row else \
+                c0 + max(cj - c0b, 0.0) * Bb / b if self.compute_bound else c0 * cj / c0b
         return self.costs.get(("verify", j, Bb), estimate)
 
     def draft_cost(self, k: int, B: int) -> float | None:

@@ -225,7 +225,8 @@ class SpeculativeDecoder:
         """The adaptive-k controller; its cost measurements persist across generate calls."""
         if self._autok is None:
             self._autok = AutoK(self.built_ks(), free_drafts=getattr(self.drafter, "engine", None) is None,
-                                row_by_row=getattr(self.target, "row_by_row", False), chunk=self.config.prefill_chunk)
+                                row_by_row=getattr(self.target, "row_by_row", False), chunk=self.config.prefill_chunk,
+                                compute_bound=not str(getattr(self.target, "device", "cpu")).startswith("cuda"))
         return self._autok
 
     def _run(self, reqs: list[Request], speculative: bool, k: int | str) -> Iterator[list[tuple[Request, list[int]]]]:

@@ -157,6 +157,10 @@ def test_row_by_row_engines_estimate_unmeasured_batches_per_row():
     for _ in range(2):
         batched.observe_costs(16, 0, 3.0)
     assert batched.verify_cost(2, 16) == pytest.approx(3.0 + 0.3 * 16)  # each extra row as at batch 1
+    gpu = _ctl(compute_bound=False)
+    for _ in range(2):
+        gpu.observe_costs(16, 0, 3.0)
+    assert gpu.verify_cost(2, 16) == pytest.approx(3.0 * 1.3)  # scales as the target-only step
     assert _ctl().verify_cost(2, 16) is None  # nothing measured at 16 yet: target-only first
 
 

@@ -49,11 +49,11 @@ def exact_distribution(hf, sp: SamplingParams) -> dict[tuple, float]:
     return {s: v for s, v in probs.items() if len(s) == NEW}
 
 
-def sample(dec, sp: SamplingParams, n: int, batch: int = 100, seed0: int = 0, **generate_kw) -> list[tuple]:
-    """n sampled continuations of PROMPT, seeds seed0..seed0+n-1 (generate_kw: speculative=, k=, ...)."""
+def sample(dec, sp: SamplingParams, n: int, batch: int = 100, **generate_kw) -> list[tuple]:
+    """n sampled continuations of PROMPT, seeds 0..n-1 (generate_kw: speculative=, k=, ...)."""
     out = []
     for start in range(0, n, batch):
-        params = [SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=seed0 + start + i) for i in range(batch)]
+        params = [SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=start + i) for i in range(batch)]
         out += [tuple(o.token_ids) for o in dec.generate([PROMPT] * batch, max_new_tokens=NEW, sampling=params,
                                                          **generate_kw)]
     return out

@@ -20,15 +20,20 @@
   into preallocated OrtValues (`update_inplace`), so a step allocates nothing of its own.
 - Graph sets: "portable" (standard ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py; the build's
   default). Fused graphs write the caches inside GroupQueryAttention, whose CPU kernel takes multi-token rows
-  with a past only at batch 1: such calls (prefill, verify) at batch B > 1 run row by row. A fused draft has one
-  graph per pass (draft_pass1/2), chained here: k calls, each feeding the token the previous one drafted.
+  with a past only at batch 1. A fused target's verify graphs therefore have per-row-attention variants
+  (`<graph>_rows<B>`, B = 2..16, manifest entries {"of", "rows"}; export/onnx_graphs.per_row_attention): one
+  call over all rows whose attention runs per row, its caches bound row by row (`key.{layer}.{row}`); a larger
+  batch runs in chunks of 16, and a graph without variants (prefill chunks, an engine built before them) row by
+  row. A fused draft has one graph per pass (draft_pass1/2), chained here: k calls, each feeding the token the
+  previous one drafted.
 - Exact target-only steps (fused): ONNX Runtime's GroupQueryAttention computes a one-token pass with another
   kernel than a multi-token pass (they round differently; every row count >= 2 agrees bit for bit), so a
   1-token target step could differ from the same position verified in a k+1-token pass after a near tie. At
   batch 1 the target-only step is therefore `verify_k0_exact`: 1-row linears (MatMulNBits and pre-packed
   Gemm agree across row counts), attention over the current token twice, the second row dropped; speculative
-  output equals target-only output token for token. Batched target-only steps (B > 1) keep the 1-token
-  batched graph, as the kernel refuses multi-token rows with a past at batch > 1 (see README: exactness).
+  output equals target-only output token for token. Batched target-only steps (B > 1) are the batched 1-token
+  graph, unless `batch_invariant`: then they are the exact step's per-row variant, and a request's tokens never
+  depend on its batch (README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
   `enable_cuda_graph` and one gpu_graph_id per (graph, batch); key_pos is then always the full S so that
   every replay has the same shapes. The provider copies the shared host weights into each session, so on
@@ -87,7 +92,7 @@ class OrtEngine:
         self.fused = ops == "fused"
         # multi-token calls at batch > 1 run one row at a time (see _run), unless the build wrote per-row-attention
         # variants of the verify graphs (`<graph>_rows<B>`)
-        self.per_row = self.fused and any("_rows" in n for n in self.graphs)
+        self.per_row = self.fused and any(g.get("rows") for g in self.graphs.values())
         self.row_by_row = self.fused and not self.per_row
         # batch_invariant: batched target-only steps are exact too (each row's attention over the current token
         # twice, per row: a request's tokens then never depend on its batch; costs 8-24% of a batched
@@ -146,17 +151,19 @@ class OrtEngine:
         self._key_pos_values: dict[int, object] = {}
         self.busy_s = 0.0  # seconds inside session runs (the benchmark's host-overhead split)
         for name in self.graphs:  # sessions open at load (slow loading, no first-use pause) or at first use, so
-            if (preload is True and "_rows" not in name) or (preload is None and self._greedy_graph(name)):  # that a run holds packed
+            if (preload is True and not self.graphs[name].get("rows")) or \
+                    (preload is None and self._greedy_graph(name)):  # that a run holds packed
                 self.session(name)  # weights only for the graphs it calls
         self._bindings: dict[tuple[str, int], _Binding] = {}
 
     def _greedy_graph(self, name: str) -> bool:
         """The graphs greedy decoding can call at this max_batch (preload=None opens these at load; sampling
-        graphs open at the first sampled request): a fused engine's 1-token target step only runs at batch > 1.
-        Per-row variants open at the first step with their batch size."""
-        if name.endswith("_sample") or "_rows" in name:
+        graphs open at the first sampled request): a fused engine's 1-token target step only runs at batch > 1,
+        and not at all with batch_invariant. Per-row variants open at the first step with their batch size (up to
+        15 of each verify graph: opening them all would hold their sessions whatever the load)."""
+        if name.endswith("_sample") or self.graphs[name].get("rows"):
             return False
-        return not (self.fused and self.max_batch == 1 and name == "verify_k0_greedy")
+        return not (self.fused and (self.max_batch == 1 or self.batch_invariant) and name == "verify_k0_greedy")
 
     def _session_config(self, prepack: bool) -> dict[str, str]:
         config = {} if prepack else {"session.disable_prepacking": "1"}
@@ -348,6 +355,7 @@ class _Binding:
         self.sess = eng.session(name)
         self.io = self.sess.io_binding()
         spec = eng.graphs[name]
+        base = eng.graphs[spec["of"]] if spec.get("rows") else spec  # a per-row variant takes its graph's inputs
         n_kv = 2 * eng.config.num_layers
         dev = "cuda" if eng.device == "cuda" else "cpu"
         self.on_cuda = dev == "cuda"
@@ -366,13 +374,12 @@ class _Binding:
         bind_in, bind_out = ((self.io.bind_input, self.io.bind_output) if self.capi
                              else (self.io.bind_ortvalue_input, self.io.bind_ortvalue_output))
         row_bytes = int(np.prod(kv_shape[1:])) * eng.kv_dtype.itemsize  # rows row0.. of [max_batch, Hkv, S, D]
-        # the caches come last: n_kv of [B, Hkv, S, D], or (a per-row variant) B of [1, Hkv, S, D] per cache
-        per_row = spec["inputs"][-1][0].count(".") == 2  # key.{layer}.{row}
-        n_in = n_kv * B if per_row else n_kv
-        parts = [(j, row0 + r, 1) for j in range(n_kv) for r in range(B)] if per_row else \
-            [(j, row0, B) for j in range(n_kv)]
-        for (i_name, _, _), (o_name, _, _), (j, first, n) in zip(spec["inputs"][-n_in:], spec["outputs"][-n_in:],
-                                                                 parts):
+        # the caches come last: n_kv of [B, Hkv, S, D], or in a per-row variant B of [1, Hkv, S, D] per cache,
+        # `key.{layer}.{row}` (rows inner): each bound to its cache rows, as both input and output
+        caches = [(i[0], o[0]) for i, o in zip(base["inputs"][-n_kv:], base["outputs"][-n_kv:])]
+        parts = [(f"{i}.{r}", f"{o}.{r}", j, row0 + r, 1) for j, (i, o) in enumerate(caches) for r in range(B)] \
+            if spec.get("rows") else [(i, o, j, row0, B) for j, (i, o) in enumerate(caches)]
+        for i_name, o_name, j, first, n in parts:
             if self.capi:  # the cache rows as both input and output: written in place
                 rows = value(eng._kv_np[j][first:first + n], output=True)
                 bind_in(i_name, rows)
@@ -383,7 +390,7 @@ class _Binding:
             self.io.bind_output(o_name, dev, 0, eng.kv_dtype, [n] + kv_shape[1:], ptr)
         self.keep = []  # OrtValues bound once must outlive the binding
         self.inputs = {}  # name -> (OrtValue, host staging array) for the step's small inputs, key_pos aside
-        for i_name, dtype, dims in spec["inputs"][:-n_in]:
+        for i_name, dtype, dims in base["inputs"][:-n_kv]:
             if i_name == "key_pos":
                 continue
             host = np.zeros([B if d == "B" else d for d in dims], np.dtype(dtype))
@@ -391,7 +398,7 @@ class _Binding:
             bind_in(i_name, v)
             self.inputs[i_name] = (v, host)
         self.outputs = []  # (OrtValue, host array) per step output, in the step's order
-        for o_name, dtype, dims in spec["outputs"][:-n_in]:
+        for o_name, dtype, dims in base["outputs"][:-n_kv]:
             shape = [B if d == "B" else d for d in dims]
             host = np.zeros(shape, np.dtype(dtype))
             v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \

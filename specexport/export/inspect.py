@@ -21,7 +21,8 @@ def describe(engine_dir: str) -> dict:
                          "op_counts": g.get("op_counts", {}),
                          "inputs": [i for i in g["inputs"] if not i[0].startswith(("key.", "value."))],
                          "outputs": [o for o in g["outputs"] if not o[0].startswith(("key_out.", "value_out."))]}
-                  for name, g in e["graphs"].items()}
+                  for name, g in e["graphs"].items() if not g.get("rows")}
+        variants = [g for g in e["graphs"].values() if g.get("rows")]  # per-row-attention variants
         models[role] = {"source": e["source"], "model_type": c["model_type"], "layers": c["num_layers"],
                         "hidden": c["hidden_size"], "heads": f"{c['num_heads']}/{c['num_kv_heads']}x{c['head_dim']}",
                         "vocab": c["vocab_size"], "weights_bytes": weights, "shared_bytes": shared["bytes"],
@@ -30,6 +31,8 @@ def describe(engine_dir: str) -> dict:
                         "kv_bytes_max_batch": kv_per_row * m["max_batch"],
                         "kv_shape": [m["max_batch"], c["num_kv_heads"], m["cache_len"], c["head_dim"]],
                         "torchscript": e.get("torchscript"), "pt2": e.get("pt2"), "graphs": graphs,
+                        "per_row_variants": {"graphs": len(variants), "batches": sorted({g["rows"] for g in variants}),
+                                             "bytes": sum(m["files"][g["file"]]["bytes"] for g in variants)},
                         "quantized_linears": _quant_summary(e.get("quant_layers", {}))}
     weights = sum(v["weights_bytes"] for v in models.values())
     kv = sum(v["kv_bytes_max_batch"] for v in models.values())
@@ -81,6 +84,10 @@ def format_description(d: dict) -> str:
             outs = ", ".join(f"{n}{list(s)}" for n, _, s in g["outputs"])
             nodes = f"{g['nodes']:>5} nodes" if g.get("nodes") is not None else ""
             lines.append(f"  {name:<18} {_mb(g['bytes']):>9} {nodes}  ({ins}, kv) -> ({outs}, kv)")
+        v = m["per_row_variants"]
+        if v["graphs"]:
+            lines.append(f"  per-row-attention variants: {v['graphs']} graphs for batches {v['batches'][0]}.."
+                         f"{v['batches'][-1]} ({_mb(v['bytes'])}; the verify graphs at batch > 1)")
         if m["torchscript"]:
             lines.append(f"  torchscript {m['torchscript']} ({_mb(d['files'][m['torchscript']])})")
         if m.get("pt2"):

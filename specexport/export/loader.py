@@ -58,6 +58,10 @@ def check_graphs(m: dict) -> None:
             if g["inputs"][0][2] != ["B", T]:
                 raise SpecExportError(f"engine {role} graph {name} takes {g['inputs'][0][2]} tokens, the manifest "
                                       f"implies ['B', {T}]: {fix}")
+        for name, g in entry["graphs"].items():  # per-row-attention variants: of a listed graph, at 2..max_batch
+            if g.get("rows") and (g.get("of") not in entry["graphs"] or not 2 <= g["rows"] <= m["max_batch"]):
+                raise SpecExportError(f"engine {role} graph {name} is a per-row variant of {g.get('of')!r} at "
+                                      f"batch {g['rows']}, which the manifest does not support: {fix}")
 
 
 def _open(path: str, backend: str, options: dict):

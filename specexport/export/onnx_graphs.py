@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..models import StaticKVDecoder
 from ..graphs import rows_name
+from ..models import StaticKVDecoder
 from ..steps import PrefillStep, graph_name, io_names, make_step, tokens_per_pass
 
 OPSET = 18
@@ -110,7 +110,7 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
     ops: "portable" (standard ONNX ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py).
     rows: batch sizes that also get the graph's per-row-attention variant (fused only, per_row_attention).
     Returns graph name -> {"file", "inputs", "outputs", ...} for the manifest (names, dtypes, shapes with B / L
-    symbolic): the graph, then its variants."""
+    symbolic): the graph, then its variants ({"file", "of": the graph, "rows": B, ...})."""
     import onnx
     name = graph_name(kind, k, sampling)
     module = make_step(model, kind, k, sampling, target_vocab, inplace=False, static=True)
@@ -151,9 +151,11 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
         elif len(init.raw_data) > _INLINE_LIMIT:
             raise RuntimeError(f"{name}: initializer {init.name!r} ({len(init.raw_data)} bytes) is not a model "
                                "weight; the export would duplicate it")
-    out = {name: _save(proto, out_dir / f"{prefix}{name}.onnx")}
-    for B in rows:
-        out[rows_name(name, B)] = _save(per_row_attention(proto, B), out_dir / f"{prefix}{rows_name(name, B)}.onnx")
+    out = {name: {**_save(proto, out_dir / f"{prefix}{name}.onnx"), "inputs": [_io(t) for t in proto.graph.input],
+                  "outputs": [_io(t) for t in proto.graph.output]}}
+    for B in rows:  # (a variant's inputs and outputs are its graph's, the caches one per row: not listed again)
+        variant = _save(per_row_attention(proto, B), out_dir / f"{prefix}{rows_name(name, B)}.onnx")
+        out[rows_name(name, B)] = {**variant, "of": name, "rows": B}
     return out
 
 
@@ -164,8 +166,7 @@ def _save(proto, path: Path) -> dict:
     for node in proto.graph.node:
         if node.op_type != "Constant":  # (folded into initializers when the session loads)
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return {"file": path.name, "inputs": [_io(t) for t in proto.graph.input],
-            "outputs": [_io(t) for t in proto.graph.output], "nodes": sum(counts.values()),
+    return {"file": path.name, "nodes": sum(counts.values()),
             "op_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
 
 

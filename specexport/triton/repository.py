@@ -126,6 +126,8 @@ def write_standalone(engine_dir: Path, repo: Path, name: str, m: dict) -> list[s
     names = []
     for role, entry in m["models"].items():
         for graph, g in entry["graphs"].items():
+            if g.get("rows"):  # (a per-row-attention variant binds its caches row by row: the runtime's own)
+                continue
             model = f"{name}_{role}_{graph}"
             d = repo / model / "1"
             if d.parent.exists():

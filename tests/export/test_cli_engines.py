@@ -40,6 +40,9 @@ def test_inspect(built):
     info = json.loads(run("inspect", str(out), "--json").stdout)
     assert info["memory"]["total_bytes"] == info["memory"]["weights_bytes"] + info["memory"]["kv_bytes_max_batch"]
     assert info["models"]["target"]["kv_shape"] == [2, 2, 64 + 4 + 1, 16]
+    v = info["models"]["target"]["per_row_variants"]  # max_batch 2: a batch-2 variant of each verify graph
+    assert v["batches"] == [2] and v["graphs"] == 8 and "per-row-attention variants: 8 graphs" in r.stdout
+    assert "_rows2" not in r.stdout and not any("_rows" in g for g in info["models"]["target"]["graphs"])
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch", "torchscript"])
