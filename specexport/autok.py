@@ -264,8 +264,12 @@ class AutoK:
             # instead priced a 16-row verify at a third of its cost, and auto explored it); on a GPU, where
             # extra rows are nearly free, it scales with the target-only step
             c0b = self.costs.get(("verify", 0, b))
-            estimate = cj * Bb / b if self.row_by_row else \
-                c0 + max(cj - c0b, 0.0) * Bb / b if self.compute_bound else c0 * cj / c0b
+            if self.row_by_row:
+                estimate = cj * Bb / b
+            elif self.compute_bound:
+                estimate = c0 + max(cj - c0b, 0.0) * Bb / b
+            else:
+                estimate = c0 * cj / c0b
         return self.costs.get(("verify", j, Bb), estimate)
 
     def draft_cost(self, k: int, B: int) -> float | None:

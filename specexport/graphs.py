@@ -58,6 +58,11 @@ def rows_name(name: str, B: int) -> str:
     return f"{name}_rows{B}"
 
 
+def row_cache_name(name: str, row: int) -> str:
+    """A per-row variant's cache input or output for one row: `key.{layer}` -> `key.{layer}.{row}`."""
+    return f"{name}.{row}"
+
+
 def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tuple[str, str, int, bool]]:
     """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
     draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""

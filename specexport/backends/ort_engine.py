@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecExportError
-from ..graphs import PER_ROW_MAX, graph_name, rows_name
+from ..graphs import PER_ROW_MAX, graph_name, row_cache_name, rows_name
 from ..models.config import ModelConfig
 from ..sampling import SamplingRows
 from . import ort_capi
@@ -377,8 +377,8 @@ class _Binding:
         # the caches come last: n_kv of [B, Hkv, S, D], or in a per-row variant B of [1, Hkv, S, D] per cache,
         # `key.{layer}.{row}` (rows inner): each bound to its cache rows, as both input and output
         caches = [(i[0], o[0]) for i, o in zip(base["inputs"][-n_kv:], base["outputs"][-n_kv:])]
-        parts = [(f"{i}.{r}", f"{o}.{r}", j, row0 + r, 1) for j, (i, o) in enumerate(caches) for r in range(B)] \
-            if spec.get("rows") else [(i, o, j, row0, B) for j, (i, o) in enumerate(caches)]
+        parts = [(row_cache_name(i, r), row_cache_name(o, r), j, row0 + r, 1) for j, (i, o) in enumerate(caches)
+                 for r in range(B)] if spec.get("rows") else [(i, o, j, row0, B) for j, (i, o) in enumerate(caches)]
         for i_name, o_name, j, first, n in parts:
             if self.capi:  # the cache rows as both input and output: written in place
                 rows = value(eng._kv_np[j][first:first + n], output=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..graphs import rows_name
+from ..graphs import row_cache_name, rows_name
 from ..models import StaticKVDecoder
 from ..steps import PrefillStep, graph_name, io_names, make_step, tokens_per_pass
 
@@ -193,7 +193,7 @@ def per_row_attention(proto, B: int):
     """A copy of a fused graph for exactly B rows whose GroupQueryAttention runs once per row.
 
     ONNX Runtime's CPU GroupQueryAttention refuses multi-token rows with a past at batch > 1, so without this a
-    fused verify (or prefill) at batch B runs the whole graph B times, each row reading every weight again. Here
+    fused verify at batch B runs the whole graph B times, each row reading every weight again. Here
     the linears, norms and acceptance run over all B rows at once (their kernels give a row the same bits
     whatever the row count) and only attention is split: each layer's q/k/v [B, T, .] (packed or not) is split
     into B rows, each row's attention writes its own cache row in place, and the outputs are concatenated. A
@@ -228,9 +228,9 @@ def per_row_attention(proto, B: int):
         out, key_out, value_out = n.output
         for r in range(B):
             nodes.append(helper.make_node(
-                "GroupQueryAttention", [*(x[r] for x in qkv_rows), f"{key}.{r}", f"{value}.{r}", len_rows[r],
-                                        *n.input[6:]],
-                [f"{out}/row{r}", f"{key_out}.{r}", f"{value_out}.{r}"], domain="com.microsoft",
+                "GroupQueryAttention", [*(x[r] for x in qkv_rows), row_cache_name(key, r), row_cache_name(value, r),
+                                        len_rows[r], *n.input[6:]],
+                [f"{out}/row{r}", row_cache_name(key_out, r), row_cache_name(value_out, r)], domain="com.microsoft",
                 name=f"{n.name}/row{r}", **attrs))
         nodes.append(helper.make_node("Concat", [f"{out}/row{r}" for r in range(B)], [out], axis=0,
                                       name=f"{n.name}/rows"))
@@ -245,7 +245,7 @@ def per_row_attention(proto, B: int):
                 for r in range(B):
                     w = onnx.ValueInfoProto()
                     w.CopyFrom(v)
-                    w.name = f"{v.name}.{r}"
+                    w.name = row_cache_name(v.name, r)
                     w.type.tensor_type.shape.dim[0].Clear()
                     w.type.tensor_type.shape.dim[0].dim_value = 1
                     per_row.append(w)
