@@ -12,7 +12,7 @@
   holds the packed copy and not the unpacked original as well. Without pre-packing (prepack=False, or the
   Python API fallback SPECEXPORT_ORT_CAPI=0), every session reads the mapped weights as they are. The greedy
   graphs' sessions open at load and the sampling graphs' at their first use (`preload=True`: all at load,
-  False: each at first use).
+  per-row variants included, as the servers load; False: each at first use).
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
   binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
   new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
@@ -151,16 +151,17 @@ class OrtEngine:
         self._key_pos_values: dict[int, object] = {}
         self.busy_s = 0.0  # seconds inside session runs (the benchmark's host-overhead split)
         for name in self.graphs:  # sessions open at load (slow loading, no first-use pause) or at first use, so
-            if (preload is True and not self.graphs[name].get("rows")) or \
-                    (preload is None and self._greedy_graph(name)):  # that a run holds packed
+            if preload is True or (preload is None and self._greedy_graph(name)):  # that a run holds packed
                 self.session(name)  # weights only for the graphs it calls
         self._bindings: dict[tuple[str, int], _Binding] = {}
 
     def _greedy_graph(self, name: str) -> bool:
         """The graphs greedy decoding can call at this max_batch (preload=None opens these at load; sampling
         graphs open at the first sampled request): a fused engine's 1-token target step only runs at batch > 1,
-        and not at all with batch_invariant. Per-row variants open at the first step with their batch size (up to
-        15 of each verify graph: opening them all would hold their sessions whatever the load)."""
+        and not at all with batch_invariant. Per-row variants open at the first step with their batch size, or all
+        at load with preload=True (the servers): each is a session of its own, 0.25-0.3 s to open and 3.7-15 MB
+        (B = 2..16) on SmolLM2; the 60 of a k = 2, 4, 8 engine with max_batch 16 take 16 s and 525 MB. Opened
+        lazily under load, those pauses fall on the requests in flight."""
         if name.endswith("_sample") or self.graphs[name].get("rows"):
             return False
         return not (self.fused and (self.max_batch == 1 or self.batch_invariant) and name == "verify_k0_greedy")

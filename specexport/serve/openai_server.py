@@ -295,7 +295,8 @@ def serve(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, k: int | s
     """Load the engine folder and serve it until interrupted."""
     import uvicorn
     set_switch_interval()
-    options = {"max_batch": max_batch, "threads": threads, "prepack": prepack}
+    options = {"max_batch": max_batch, "threads": threads, "prepack": prepack,
+               "preload": True}  # every session before the first request: no pause opening one under load
     dec = SpeculativeDecoder.load(engine_dir, **{n: v for n, v in options.items() if v is not None})
     srv = OpenAIServer(dec, model_name or Path(engine_dir).resolve().name, k=k, speculative=speculative,
                        max_waiting=max_waiting, api_key=api_key or os.environ.get(API_KEY_ENV) or None)
