@@ -48,8 +48,8 @@ Rule
     While the point estimate says no k pays but its upper bound (+ `z_upper` standard errors over all the
     request's trials and its prior's) says the smallest k does, the smallest k drafts (evidence is gathered,
     not assumed). A new request's prompt is prefilled into the draft at admission (as at a fixed k) unless
-    the measured costs say the smallest k does not pay even at a fresh request's upper bound; otherwise the
-    draft catches up if drafting turns on.
+    the measured costs say the smallest k does not pay even at a fresh request's upper bound, with the
+    catch-up the batch's running rows need first; otherwise the draft catches up if drafting turns on.
     While off, the counts stay frozen and a probe (the smallest k) runs only if the draft could pay at all
     (if every draft were accepted, some k would beat target-only), and then either
       - the point estimate says it pays (an expected gain; only the confidence bound is not convinced yet), or
@@ -341,18 +341,23 @@ class AutoK:
             return best
         return self._maybe_probe(B, rows, kmin, c0, catch_up)
 
-    def expects_drafting(self, B: int) -> bool:
+    def expects_drafting(self, B: int, missing: int = 0) -> bool:
         """Should a new request's prompt be prefilled into the draft at admission (a draft model)? Yes unless
         the measured costs say that the smallest k does not pay even at a fresh request's upper bound (its first
-        step's test). Deciding this from the last step's choice instead was a trap: once off, every new prompt
-        needed a full catch-up, whose cost then kept drafting off."""
+        step's test), with the catch-up that the batch's running rows would need first (`missing`: the most
+        committed tokens one of them has not shown the draft). Deciding this from the last step's choice instead
+        was a trap: once off, every new prompt needed a full catch-up, whose cost then kept drafting off. Judging
+        the fresh request alone was the opposite trap: under load (16 clients, rows that ran target-only steps
+        for a while) the batch never drafted again, and every admission still prefilled the draft, as dear as
+        the target's own prefill: the OpenAI server ran at 0.73x target-only."""
         if self.free_drafts:
             return False
         c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
         if c0 is None or d is None:
             return True
         kmin = min(self.ks)  # a fresh request's first step: the smallest k, at most at its upper bound
-        return self._model_rate(B, [RowState()], kmin, 0.0, self.upper) > (1 + self.margin) / c0
+        catch_up = self.catch_up(missing, B)[0]
+        return self._model_rate(B, [RowState()], kmin, catch_up, self.upper) > (1 + self.margin) / c0
 
     def _maybe_probe(self, B: int, rows: list[RowState], k: int, c0: float, catch_up: float) -> int:
         """Off: a probe at the smallest k, only if drafting could pay at all (every draft accepted) and the

@@ -108,8 +108,11 @@ class Batch:
         dec, C, row0, B = self.dec, self.C, run[0], len(run)
         t0 = time.perf_counter()
         lengths = [self.lengths[b] for b in run]
-        # the draft model sees the prompt now, unless auto has it off (then it catches up if it turns on)
-        draft_too = self.speculative and (self.auto is None or self.auto.expects_drafting(self.rows()[-1] + 1))
+        # the draft model sees the prompt now, unless auto has it off, for this request or for the batch it joins
+        # (then it catches up if drafting turns on)
+        others = [b for b in self.rows() if b not in run]
+        draft_too = self.speculative and (self.auto is None or self.auto.expects_drafting(
+            self.rows()[-1] + 1, self._draft_lag(others) if others else 0))
         last_logits = np.empty((B, dec.target.vocab_size), dtype=np.float32)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
             chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)

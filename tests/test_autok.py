@@ -220,6 +220,20 @@ def test_new_prompts_prefill_the_draft_unless_no_k_can_pay():
     assert not slow.expects_drafting(1) and not _ctl().expects_drafting(1)  # (lookup has no draft to fill)
 
 
+def test_admission_counts_the_catch_up_of_the_running_rows():
+    """Under load a batch whose rows ran target-only steps for a while needs their catch-up before it drafts
+    again: a new request's prompt is prefilled into the draft only if drafting pays with that catch-up (a fresh
+    request judged alone prefilled the draft at every admission, and the batch never drafted)."""
+    ctl = _ctl(free=False, draft_pass=0.1)
+    for _ in range(20):
+        ctl.observe_row(RowState(), 0, 4, False)  # requests so far: drafts accepted
+    for _ in range(2):
+        ctl.observe_chunk(1, 3.0)  # a prefill chunk of the draft: 3 target-only steps
+    assert ctl.expects_drafting(1, missing=0)  # nothing to catch up: as before
+    assert ctl.expects_drafting(1, missing=2)  # two tokens: one rewrite pass, cheap
+    assert not ctl.expects_drafting(1, missing=500)  # the running rows are far behind: drafting waits anyway
+
+
 def test_model_draft_does_not_trust_a_stale_reference():
     """A stall inflates c(0) while drafting looks good: drafting turns on, and the next refresh of c(0) turns
     it off again once the stall has passed (the draft's own costs are current: they are measured each step)."""
