@@ -8,9 +8,11 @@ For one engine folder:
     `specexport serve`; genai-perf `--service-kind triton --backend tensorrtllm --streaming` over gRPC (it sends
     text_input, max_tokens, stream);
 and at each concurrency level (default 1, 4, 16) runs genai-perf on the speculative model, then the target-only
-one (alternating per level), with the same synthetic prompts (same --random-seed). Reads each run's
+one (alternating per level; with --reps N, N times, the order swapped each repetition), with the same synthetic
+prompts (same --random-seed), each run after one round of warm-up requests (--warmup). Reads each run's
 profile_export_genai_perf.json and prints one table: output token throughput, p50 request latency, p50 time to
-first token, p50 inter-token latency, and spec/target-only throughput ratio; writes everything as JSON (--out).
+first token, p50 inter-token latency (geometric means over repetitions), and spec/target-only throughput ratio
+(and each repetition's); writes everything as JSON (--out).
 
 genai-perf lives in its own venv (see tools/install_genai_perf.sh: genai-perf 0.0.9 + perf_analyzer from the
 tritonclient 2.51.0 wheel, the newest that loads with glibc 2.36):
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -136,6 +139,8 @@ def run_genai_perf(a, *, label: str, model: str, kind_args: list[str], clients: 
            str(a.input_tokens_stddev), "--output-tokens-mean", str(a.max_tokens), "--output-tokens-stddev", "0",
            "--num-dataset-entries", str(a.num_prompts), "--random-seed", str(a.seed),
            "--concurrency", str(clients), "--artifact-dir", str(art), "--profile-export-file", "profile_export.json"]
+    if a.warmup is None or a.warmup > 0:  # default: one round (as many requests as clients), as `bench --clients`
+        cmd += ["--warmup-request-count", str(clients if a.warmup is None else a.warmup)]
     if requests:
         cmd += ["--request-count", str(requests)]
     else:
@@ -192,11 +197,13 @@ def run_levels(a, server: str, work: Path, kind_args) -> list[dict]:
     kind_args(variant name) -> the server-specific genai-perf arguments."""
     rows = []
     for clients in a.clients:
-        for name, _ in VARIANTS:
-            log(f"genai-perf {server}/{name} x{clients}")
-            rows.append(run_genai_perf(a, label=f"{server}/{name}", model=name, kind_args=kind_args(name),
-                                       clients=clients, art=work / f"{server}-{name}-c{clients}"))
-            report_row(rows[-1])
+        for rep in range(a.reps):  # the order alternates per repetition: spec first, then target-only first
+            for name, _ in (VARIANTS if rep % 2 == 0 else VARIANTS[::-1]):
+                log(f"genai-perf {server}/{name} x{clients} (repetition {rep + 1}/{a.reps})")
+                rows.append(run_genai_perf(a, label=f"{server}/{name}", model=name, kind_args=kind_args(name),
+                                           clients=clients, art=work / f"{server}-{name}-c{clients}-r{rep + 1}"))
+                rows[-1]["rep"] = rep + 1
+                report_row(rows[-1])
     return rows
 
 
@@ -303,19 +310,44 @@ def report_row(r: dict) -> None:
             f" ms, itl p50 {fmt(r['itl_p50_ms'])} ms, output {fmt(r['output_len_mean'])} tokens ({r['wall_s']} s)")
 
 
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def merge_reps(rs: list[dict]) -> dict | None:
+    """One variant's repetitions at one level -> one row: the geometric mean of each figure (an error wins)."""
+    if not rs:
+        return None
+    bad = next((r for r in rs if r.get("error") or not r.get("output_tok_per_s")), None)
+    if bad is not None:
+        return bad
+    out = dict(rs[0])
+    for key in ("output_tok_per_s", "request_latency_p50_ms", "ttft_p50_ms", "itl_p50_ms", "output_len_mean"):
+        vals = [r[key] for r in rs if r.get(key)]
+        out[key] = geomean(vals) if vals else None
+    out["per_rep_tok_per_s"] = [r["output_tok_per_s"] for r in rs]
+    return out
+
+
 def table(rows: list[dict]) -> tuple[str, list[dict]]:
-    by = {(r["server"], r["clients"], r["variant"]): r for r in rows}
+    """Per level: each variant's figures (geometric means over repetitions), spec / target-only throughput, and
+    with repetitions, the ratio within each repetition (spec against the target-only run next to it)."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["server"], r["clients"], r["variant"]), []).append(r)
     head = ("| server | clients | variant | output tok/s | req latency p50 ms | TTFT p50 ms | ITL p50 ms "
             "| output tokens (mean) | spec/target tok/s |")
     lines = [head, "|" + "|".join("---" for _ in range(9)) + "|"]
     ratios = []
     for server, clients in sorted({(r["server"], r["clients"]) for r in rows}, key=lambda x: (x[0], x[1])):
-        s, t = by.get((server, clients, "spec")), by.get((server, clients, "target"))
-        ratio = None
+        s, t = (merge_reps(by.get((server, clients, v), [])) for v in ("spec", "target"))
+        ratio, per_rep = None, []
         if s and t and not s.get("error") and not t.get("error") and s.get("output_tok_per_s") and \
                 t.get("output_tok_per_s"):
             ratio = s["output_tok_per_s"] / t["output_tok_per_s"]
-        ratios.append({"server": server, "clients": clients, "spec_over_target_tok_per_s": ratio})
+            per_rep = [x / y for x, y in zip(s.get("per_rep_tok_per_s", []), t.get("per_rep_tok_per_s", []))]
+        ratios.append({"server": server, "clients": clients, "spec_over_target_tok_per_s": ratio,
+                       "per_repetition": per_rep})
         for v, r in (("spec", s), ("target-only", t)):
             if r is None:
                 continue
@@ -325,7 +357,8 @@ def table(rows: list[dict]) -> tuple[str, list[dict]]:
             lines.append(f"| {server} | {clients} | {v} | {fmt(r['output_tok_per_s'])} | "
                          f"{fmt(r['request_latency_p50_ms'], '{:.0f}')} | {fmt(r['ttft_p50_ms'], '{:.0f}')} | "
                          f"{fmt(r['itl_p50_ms'])} | {fmt(r['output_len_mean'])} | "
-                         f"{fmt(ratio, '{:.2f}x') if v == 'spec' else ''} |")
+                         f"{fmt(ratio, '{:.2f}x') if v == 'spec' else ''}"
+                         f"{' (' + ', '.join(f'{x:.2f}' for x in per_rep) + ')' if v == 'spec' and len(per_rep) > 1 else ''} |")
     return "\n".join(lines), ratios
 
 
@@ -338,6 +371,12 @@ def main() -> int:
     ap.add_argument("--specexport", default=str(VENV_BIN / "specexport"))
     ap.add_argument("--servers", default="openai,triton", help="comma list: openai, triton")
     ap.add_argument("--clients", default="1,4,16", help="concurrency levels")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="warm-up requests before each measured run, not counted (default: one per client; 0: none). "
+                         "A server meets each batch size once: auto measures its costs there, e.g. the first "
+                         "16-client run of a fresh server gave 0.79x against 0.99x and 1.01x after it")
+    ap.add_argument("--reps", type=int, default=1, help="repetitions of each level (the variants' order alternates; "
+                    "the table gives geometric means and each repetition's ratio)")
     ap.add_argument("--request-count", type=int, default=32,
                     help="requests per level and model (at least the concurrency); 0: perf_analyzer's "
                          "measurement windows (--measurement-interval-ms) until stable")
@@ -403,7 +442,8 @@ def main() -> int:
         if not r.get("clients"):
             print(f"{r['server']}: {r['error']}")
     result = {"engine": str(engine), "manifest": {k: manifest.get(k) for k in ("ks", "max_batch", "drafter", "dtype")},
-              "settings": {"clients": a.clients, "request_count": a.request_count, "max_tokens": a.max_tokens,
+              "settings": {"clients": a.clients, "reps": a.reps, "warmup": a.warmup, "request_count": a.request_count,
+                           "max_tokens": a.max_tokens,
                            "input_tokens": a.input_tokens, "endpoint_type": a.endpoint_type, "threads": a.threads,
                            "prepack": a.prepack, "genai_perf": a.genai_perf,
                            "genai_perf_version": a.genai_perf_version},

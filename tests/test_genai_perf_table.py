@@ -1,0 +1,42 @@
+"""tools/genai_perf_bench.py's table: with repetitions, each variant's figures are geometric means and each
+repetition's spec / target-only ratio is listed; an error in any repetition shows as the level's error."""
+
+import importlib.util
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "genai_perf_bench.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("genai_perf_bench", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(variant, clients, tps, rep, **extra):
+    return {"server": "openai", "variant": variant, "clients": clients, "rep": rep, "output_tok_per_s": tps,
+            "request_latency_p50_ms": 100.0, "ttft_p50_ms": 10.0, "itl_p50_ms": 5.0, "output_len_mean": 64.0,
+            **extra}
+
+
+def test_repetitions_are_merged_by_geometric_mean():
+    tool = _tool()
+    rows = [_row("spec", 16, 90.0, 1), _row("target", 16, 100.0, 1),
+            _row("target", 16, 100.0, 2), _row("spec", 16, 110.0, 2),
+            _row("spec", 1, 130.0, 1), _row("target", 1, 100.0, 1)]
+    text, ratios = tool.table(rows)
+    by = {r["clients"]: r for r in ratios}
+    assert abs(by[16]["spec_over_target_tok_per_s"] - (90.0 * 110.0) ** 0.5 / 100.0) < 1e-9
+    assert [round(x, 2) for x in by[16]["per_repetition"]] == [0.9, 1.1]
+    assert abs(by[1]["spec_over_target_tok_per_s"] - 1.3) < 1e-9 and by[1]["per_repetition"] == [1.3]
+    assert "0.99x (0.90, 1.10)" in text and "| openai | 1 | spec | 130.0 |" in text
+
+
+def test_an_error_in_one_repetition_is_shown():
+    tool = _tool()
+    rows = [_row("spec", 4, 90.0, 1), _row("target", 4, 100.0, 1),
+            {"server": "openai", "variant": "spec", "clients": 4, "rep": 2, "error": "perf_analyzer failed"}]
+    text, ratios = tool.table(rows)
+    assert ratios[0]["spec_over_target_tok_per_s"] is None
+    assert "error: perf_analyzer failed" in text
