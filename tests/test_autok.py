@@ -435,3 +435,19 @@ def test_hybrid_lookup_keeps_learning_while_the_model_drafts(tiny):
     ctl.plan = lambda B, rows, missing=0, free=None: 0
     assert dec.generate([[7] * 13], max_new_tokens=30, k="auto")[0].token_ids == ref.token_ids
     assert sum(g.evidence for s, g in ctl.global_acc.items() if s > 0) > 0
+
+
+def test_hybrid_verifies_lookup_matches_where_the_model_does_not_pay(tiny):
+    """A batch where the draft model does not pay (under load) but some rows matched lookup: those rows' free
+    proposals are verified, ragged, as prompt lookup alone would (before: a target-only step), and the tokens
+    stay target-only's."""
+    t = tiny["qwen2"]
+    dec = SpeculativeDecoder.from_pretrained(t["target"], "prompt-lookup+" + t["same"], k=4, max_seq_len=128)
+    ctl = dec.autok()
+    ctl.plan = lambda B, rows, missing=0, free=None: 0  # the model never pays
+    ctl.width = lambda B, rows, lens, sources: 4  # lookup's proposals always do
+    prompts = [[7] * 13, [3, 9, 4, 11, 5, 2, 8]]
+    ref = dec.generate(prompts, max_new_tokens=30, speculative=False)
+    out = dec.generate(prompts, max_new_tokens=30, k="auto")
+    assert [o.token_ids for o in out] == [r.token_ids for r in ref]
+    assert out[0].stats.drafted_by.get("prompt-lookup", 0) > 0 and "model" not in out[0].stats.drafted_by
