@@ -30,7 +30,8 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
   d(B)       measured seconds per draft-model pass (a k-token draft is k passes)
   u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
-             prefill chunks, each measured per call (chunks also at admission)
+             prefill chunks, each measured per call (chunks also at admission); for a quantized copy of the
+             target whose cache mirrors the target's, one copy of the target's cache rows (measured per call)
 Rule
   Prompt lookup (proposals cost no pass): propose first, then verify the width j in {0} + built ks (rows
     truncated to j; a row verifies at most the smallest k from a source it has no evidence for yet) that
@@ -192,6 +193,7 @@ class AutoK:
     prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request (prompt lookup)
     model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
     chunk_guess: float = 8.0  # an unmeasured catch-up prefill chunk is guessed at this many draft passes
+    copy_catch_up: bool = False  # the draft's cache is copied from the target's (drafters.ModelDrafter.link_kv)
     explore: float = 0.02  # share of the time spent off that probes may cost
     probe_every: int = 16  # fewest steps between probes of a draft model (doubles after each failed one)
     amortize: int = 8  # R: steps a catch-up is amortised over
@@ -287,6 +289,8 @@ class AutoK:
         off for the rest of its request."""
         if gap <= 0:
             return 0.0, "pass"
+        if self.copy_catch_up:  # one copy of the target's cache rows (measured per call; unmeasured: free)
+            return self.costs.get(("catch_up", "copy", bucket(B)), 0.0), "copy"
         Bb, d = bucket(B), self.draft_cost(1, B)
         unit = 1.0 if d is None else d
         per_pass = self.costs.get(("catch_up", "pass", Bb), unit)

@@ -113,6 +113,7 @@ class Batch:
         others = [b for b in self.rows() if b not in run]
         draft_too = self.speculative and (self.auto is None or self.auto.expects_drafting(
             self.rows()[-1] + 1, self._draft_lag(others) if others else 0))
+        seed = draft_too and getattr(dec.drafter, "kv_source", None) is not None  # copied after the target's
         last_logits = np.empty((B, dec.target.vocab_size), dtype=np.float32)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
             chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)
@@ -122,11 +123,13 @@ class Batch:
             logits = dec.target.prefill(chunk, past, last, kv_len, row0)  # [B, V]
             ends_here = np.array([start <= n - 1 < start + C for n in lengths])
             last_logits[ends_here] = logits[ends_here]
-            if draft_too:
+            if draft_too and not seed:
                 t = time.perf_counter()
                 dec.drafter.prefill(chunk, past, kv_len, row0)
                 if self.auto is not None:  # what a catch-up through a prefill chunk costs
                     self.auto.observe_chunk(B, time.perf_counter() - t)
+        if seed:  # the prompt's keys and values: the target's (drafters.ModelDrafter.link_kv)
+            dec.drafter.seed(run, [0] * B, lengths)
         # the first token, from the prefill logits, with each row's own sampling
         sampling = self._sampling(run, row0 + B)
         u = self._uniforms(run, row0 + B, 1, sampling)[row0:, 0]  # [B]
@@ -167,13 +170,21 @@ class Batch:
         """After target-only steps a draft model has not seen the latest committed tokens: show it them (rows
         0..B-1 together), by the cheaper way for the largest gap (autok.catch_up): draft calls that rewrite two
         committed tokens each, or prefill chunks. Rows already up to date rewrite their last committed tokens
-        (identical KV). -> (calls, "pass" | "chunk")."""
+        (identical KV). A quantized copy of the target whose cache mirrors the target's copies the rows' missing
+        positions from the target's cache instead (drafters.ModelDrafter.link_kv). -> (calls, "pass" | "chunk" |
+        "copy")."""
         dec, C = self.dec, self.C
         gap = self._draft_lag(rows)
         if not gap:
             return 0, "pass"
-        by = (self.auto or dec.autok()).catch_up(gap, B)[1]  # (a fixed k: unmeasured, decided in draft passes)
         need, calls = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2], 0
+        if getattr(dec.drafter, "kv_source", None) is not None:  # copied from the target's cache: one call
+            ends = [self.lengths[b] - 2 for b in need]
+            dec.drafter.seed(need, [self.draft_valid[b] for b in need], ends)
+            for b, end in zip(need, ends):
+                self.draft_valid[b] = end
+            return 1, "copy"
+        by = (self.auto or dec.autok()).catch_up(gap, B)[1]  # (a fixed k: unmeasured, decided in draft passes)
         while need:
             starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
                       for b in range(B)]

@@ -33,6 +33,8 @@ class SpeculativeDecoder:
         self.source = source  # the target checkpoint (or engine folder) this decoder runs
         self.target = target
         self.drafter = drafter
+        if drafter is not None and hasattr(drafter, "link_kv"):  # a quantized copy reads the target's cache
+            drafter.link_kv(target)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.can_sample = True  # False for engines built greedy-only
@@ -226,7 +228,8 @@ class SpeculativeDecoder:
         if self._autok is None:
             self._autok = AutoK(self.built_ks(), free_drafts=getattr(self.drafter, "engine", None) is None,
                                 row_by_row=getattr(self.target, "row_by_row", False), chunk=self.config.prefill_chunk,
-                                compute_bound=not str(getattr(self.target, "device", "cpu")).startswith("cuda"))
+                                compute_bound=not str(getattr(self.target, "device", "cpu")).startswith("cuda"),
+                                copy_catch_up=getattr(self.drafter, "kv_source", None) is not None)
         return self._autok
 
     def _run(self, reqs: list[Request], speculative: bool, k: int | str) -> Iterator[list[tuple[Request, list[int]]]]:

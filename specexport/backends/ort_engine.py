@@ -155,6 +155,18 @@ class OrtEngine:
                 self.session(name)  # weights only for the graphs it calls
         self._bindings: dict[tuple[str, int], _Binding] = {}
 
+    def mirrors(self, other) -> bool:
+        """Can this engine's cache take rows of `other`'s as they are: host buffers, one per layer's keys and
+        values, of the same shapes and dtype (a draft of the target's own layers; ModelDrafter.link_kv)?"""
+        mine, theirs = getattr(self, "_kv_np", None), getattr(other, "_kv_np", None)
+        return mine is not None and theirs is not None and len(mine) == len(theirs) and \
+            all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
+
+    def copy_kv(self, other: "OrtEngine", row: int, start: int, end: int) -> None:
+        """Positions start..end-1 of cache row `row`, copied from `other` (mirrors(other))."""
+        for mine, theirs in zip(self._kv_np, other._kv_np):  # [max_batch, Hkv, S, D] each
+            mine[row, :, start:end] = theirs[row, :, start:end]
+
     def _greedy_graph(self, name: str) -> bool:
         """The graphs greedy decoding can call at this max_batch (preload=None opens these at load; sampling
         graphs open at the first sampled request): a fused engine's 1-token target step only runs at batch > 1,

@@ -1,6 +1,7 @@
 """Engines whose draft is a quantized copy of the target (MatMulNBits in ONNX Runtime): the tokens stay the
 target's at every k, target-only and auto, on onnxruntime and torch; seeds repeat; load-time drafter choice."""
 
+import numpy as np
 import pytest
 
 from helpers import hf_greedy
@@ -76,3 +77,26 @@ def test_bad_quant_spec_fails_before_any_work(tiny, tmp_path):
     cfg = BuildConfig(target=tiny["llama"]["target"], draft="quant:int5", out=str(tmp_path / "e"), **SHAPES)
     with pytest.raises(SpecExportError, match="quant:int4 or quant:int8"):
         build(cfg, progress=False)
+
+
+def test_the_draft_cache_is_copied_from_the_target(quant_engines, reference):
+    """A quantized copy has the target's layers: on onnxruntime (host caches of one layout) its prompt and its
+    catch-up after target-only steps are the target's cached keys and values, copied, instead of draft passes;
+    the tokens stay the target's, and the draft still proposes what the target accepts."""
+    dec = SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="model")
+    assert dec.drafter.kv_source is dec.target and dec.autok().copy_catch_up
+    assert SpeculativeDecoder.load(quant_engines["quant:int8"], backend="torch", drafter="model").drafter.kv_source \
+        is None  # the torch engine keeps its caches as tensors: the draft prefills
+    prompt = PROMPTS[0]
+    outs = dec.generate([prompt], NEW, k=3)
+    assert [o.token_ids for o in outs] == reference[:1]
+    assert outs[0].stats.accepted > 0.8 * outs[0].stats.drafted
+    n = len(prompt) - 1  # positions the draft never rewrote: exactly the target's
+    for mine, theirs in zip(dec.drafter.engine._kv_np, dec.target._kv_np):
+        assert np.array_equal(mine[0, :, :n], theirs[0, :, :n])
+    ctl = dec.autok()
+    steps = iter([0] * 6 + [3] * 100)  # six target-only steps, then drafting: a catch-up by copy
+    ctl.plan = lambda B, rows, missing=0, free=None: next(steps)
+    outs = dec.generate(PROMPTS, NEW, k="auto")
+    assert [o.token_ids for o in outs] == reference
+    assert any(key[:2] == ("catch_up", "copy") for key in ctl.costs.median)
