@@ -42,6 +42,9 @@ Rule
     acceptance: for a one-hot draft, P(the target's token = d) is d's acceptance probability), so acceptance
     is learnt without spending a verify on it. Likewise a hybrid row whose lookup proposal the model's
     replaced checks it against the committed tokens: lookup keeps learning while the model drafts.
+  Hybrid: where every row matched lookup, the free step unless the model promises more (below); where the
+    model drafts anyway, a row keeps its lookup proposal only where it promises more; where the model does not
+    pay (under load), the rows' lookup proposals are verified as prompt lookup alone would (the rule above).
   Draft model (each drafted token costs a pass): before drafting, k maximises
     sum_b E(a_b, k) / (k d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).
@@ -194,6 +197,7 @@ class AutoK:
     model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
     chunk_guess: float = 8.0  # an unmeasured catch-up prefill chunk is guessed at this many draft passes
     copy_catch_up: bool = False  # the draft's cache is copied from the target's (drafters.ModelDrafter.link_kv)
+    refreshing: bool = False  # the last plan() returned 0 to re-measure c(0)
     explore: float = 0.02  # share of the time spent off that probes may cost
     probe_every: int = 16  # fewest steps between probes of a draft model (doubles after each failed one)
     amortize: int = 8  # R: steps a catch-up is amortised over
@@ -284,13 +288,14 @@ class AutoK:
         rewrite two tokens, or ceil(gap / chunk) prefill chunks. Each is costed per call, measured; unmeasured,
         a call is guessed at one draft pass (it is one or two passes, or the smallest built k's draft) and a chunk
         at `chunk_guess` passes, and with no draft pass measured at this bucket the choice is made in those
-        units (seconds 0). A call costs about the same whatever it holds: costing a one-token gap per token
+        units (seconds 0). A draft whose cache is copied from the target's: (gap x B x the measured seconds per
+        row-position copied, "copy"). A call costs about the same whatever it holds: costing a one-token gap per token
         through a 64-token chunk (42 ms, as measured) made every later gap look dear, and kept a draft model
         off for the rest of its request."""
         if gap <= 0:
             return 0.0, "pass"
-        if self.copy_catch_up:  # one copy of the target's cache rows (measured per call; unmeasured: free)
-            return self.costs.get(("catch_up", "copy", bucket(B)), 0.0), "copy"
+        if self.copy_catch_up:  # a copy of the target's cache rows: measured per row-position copied, at most
+            return gap * B * self.costs.get(("catch_up", "copy", bucket(B)), 0.0), "copy"  # B rows (free unmeasured)
         Bb, d = bucket(B), self.draft_cost(1, B)
         unit = 1.0 if d is None else d
         per_pass = self.costs.get(("catch_up", "pass", Bb), unit)
@@ -318,6 +323,7 @@ class AutoK:
         free: this step's proposals cost no pass (default: the drafter's kind; a hybrid step where every row
         matched lookup)."""
         self.steps += 1
+        self.refreshing = False
         if self.free_drafts if free is None else free:
             return max(self.ks)
         c0 = self.verify_cost(0, B)
@@ -341,6 +347,7 @@ class AutoK:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
             if self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
+                self.refreshing = True  # (a hybrid then runs no lookup step instead: batch.py)
                 return 0  # the reference cost is stale: re-measure it (drafting compares against it)
             return best
         return self._maybe_probe(B, rows, kmin, c0, catch_up)

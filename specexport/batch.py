@@ -46,9 +46,10 @@ class Batch:
         # [W]: the current token's position; a free row sits at 1, so its padding passes (the draft re-reads
         # position past_len - 1) stay inside its own cache row and attend at least one finite position
         self.past_len = np.ones(W, dtype=np.int64)
-        # [W]: positions < draft_valid hold the draft model's KV of committed tokens (it lags after target-only
-        # steps, and catches up before its next draft)
+        # [W]: positions < draft_valid hold the draft model's KV of committed tokens, or the target's where a
+        # quantized copy takes them from it (it lags after target-only steps, and catches up before its next draft)
         self.draft_valid = [0] * W
+        self._admitting: set[int] = set()  # rows of the admit() call in progress (not yet running)
         self.prev = np.zeros(W, dtype=np.int64)  # [W]: the token before the current one
         self.current = np.zeros(W, dtype=np.int64)  # [W]: the last committed token, not yet in any cache
         self.temperature = np.ones(W, dtype=np.float32)  # [W] sampling parameters per row (free and greedy rows: 1)
@@ -98,8 +99,10 @@ class Batch:
             r.stats = GenerationStats(k=self.k_label if self.speculative else 0, prompt_tokens=n,
                                       accept_hist=[0] * (self.k + 1), proposed_hist=[0] * (self.k + 1))
         events = []
+        self._admitting = set(rows)
         for run in _contiguous(sorted(rows)):
             events += self._prefill(run)
+        self._admitting = set()
         return events
 
     def _prefill(self, run: list[int]) -> list[tuple[Request, list[int]]]:
@@ -110,7 +113,7 @@ class Batch:
         lengths = [self.lengths[b] for b in run]
         # the draft model sees the prompt now, unless auto has it off, for this request or for the batch it joins
         # (then it catches up if drafting turns on)
-        others = [b for b in self.rows() if b not in run]
+        others = [b for b in self.rows() if b not in self._admitting]
         draft_too = self.speculative and (self.auto is None or self.auto.expects_drafting(
             self.rows()[-1] + 1, self._draft_lag(others) if others else 0))
         seed = draft_too and getattr(dec.drafter, "kv_source", None) is not None  # copied after the target's
@@ -171,19 +174,19 @@ class Batch:
         0..B-1 together), by the cheaper way for the largest gap (autok.catch_up): draft calls that rewrite two
         committed tokens each, or prefill chunks. Rows already up to date rewrite their last committed tokens
         (identical KV). A quantized copy of the target whose cache mirrors the target's copies the rows' missing
-        positions from the target's cache instead (drafters.ModelDrafter.link_kv). -> (calls, "pass" | "chunk" |
-        "copy")."""
+        positions from the target's cache instead (drafters.ModelDrafter.link_kv). -> (calls, "pass" | "chunk"), or
+        (row-positions copied, "copy")."""
         dec, C = self.dec, self.C
         gap = self._draft_lag(rows)
         if not gap:
             return 0, "pass"
         need, calls = [b for b in rows if self.draft_valid[b] < self.lengths[b] - 2], 0
-        if getattr(dec.drafter, "kv_source", None) is not None:  # copied from the target's cache: one call
-            ends = [self.lengths[b] - 2 for b in need]
-            dec.drafter.seed(need, [self.draft_valid[b] for b in need], ends)
+        if getattr(dec.drafter, "kv_source", None) is not None:  # copied from the target's cache
+            starts, ends = [self.draft_valid[b] for b in need], [self.lengths[b] - 2 for b in need]
+            dec.drafter.seed(need, starts, ends)
             for b, end in zip(need, ends):
                 self.draft_valid[b] = end
-            return 1, "copy"
+            return max(sum(ends) - sum(starts), 1), "copy"  # costed per row-position copied (autok.catch_up)
         by = (self.auto or dec.autok()).catch_up(gap, B)[1]  # (a fixed k: unmeasured, decided in draft passes)
         while need:
             starts = [min(self.draft_valid[b], self.lengths[b] - 2) if self.reqs[b] is not None else 0
@@ -256,12 +259,14 @@ class Batch:
             lk, use = self._hybrid_lookup(d, rows, B, last_two)
         free = lk is not None and all(use)  # every row takes lookup's proposal: the draft model does not run
         k = self._plan_k(rows, B, free)  # 0: a target-only step
-        if not k and lk is not None and self.auto is not None and lk.longest and \
+        if not k and lk is not None and self.auto is not None and lk.longest and not self.auto.refreshing and \
                 self.auto.verify_cost(0, B) is not None:
             # the model does not pay at this step (under load: a verify over B x (k+1) rows is compute-bound),
-            # but lookup's proposals cost nothing: a prompt-lookup step, ragged (rows without a match propose
-            # nothing), whose width `width` chooses (0: target-only). Before, the hybrid under load ran
-            # target-only steps where prompt lookup alone verified its matches (16 clients: 0.975x against 1.065x)
+            # but lookup's proposals cost nothing: a prompt-lookup step, ragged, whose width `width` chooses (0:
+            # target-only), over every row's match as prompt lookup alone makes it (min_match only chooses
+            # between lookup and the model; `cap` and the per-source acceptance limit short matches). Before, the
+            # hybrid under load ran target-only steps where prompt lookup alone verified its matches (16 clients:
+            # 0.975x against 1.065x). Not when auto re-measures c(0) (its target-only step must run).
             free, k = True, max(self.auto.ks)
         catch_up_s, catch_up_calls, catch_up_by = 0.0, 0, "pass"
         if k and not free and getattr(d, "engine", None) is not None:  # a draft model: KV up to date first
@@ -368,7 +373,8 @@ class Batch:
         if self.auto is not None:
             self.auto.observe_costs(B, kd, t3 - t1, k if model_ran else 0, t1 - t0 - catch_up_s, catch_up_calls,
                                     catch_up_s, catch_up_by)
-            self.auto.end_step(k, [self.acc[b] for b in rows])
+            self.auto.end_step(k if model_ran or not isinstance(d, HybridDrafter) else 0,
+                               [self.acc[b] for b in rows])  # a hybrid's model: its own first step stays a probe
         for r, _ in events:
             r.stats.draft_s += t1 - t0
             r.stats.verify_s += t2 - t1

@@ -62,7 +62,8 @@ class ModelDrafter:
 
     Its cache mirrors the target's positions. Each step its fused draft graph re-reads the last two
     committed tokens (positions past_len-1, past_len): that fills the one position it may not have seen
-    (the last accepted draft when all k were accepted) and rewrites the other with identical keys and values.
+    (the last accepted draft when all k were accepted) and rewrites the other with its own keys and values
+    (identical, unless that position was copied from the target's cache: link_kv).
     """
 
     def __init__(self, engine, name: str):
@@ -78,8 +79,8 @@ class ModelDrafter:
         Lossless either way (a draft only proposes); on SmolLM2 with an int8 draft a prefill chunk of the draft
         cost as much as the fp32 target's (40 ms at batch 1) and delayed the first token by a third."""
         mirrors = getattr(self.engine, "mirrors", None)
-        if self.name.startswith("quant:") and mirrors is not None and mirrors(target):
-            self.kv_source = target
+        self.kv_source = target if self.name.startswith("quant:") and mirrors is not None and mirrors(target) \
+            else None
         return self.kv_source is not None
 
     def seed(self, rows: list[int], starts: list[int], ends: list[int]) -> None:

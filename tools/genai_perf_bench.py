@@ -128,7 +128,19 @@ def pick(stats: dict, metric: str, key: str):
 
 
 def run_genai_perf(a, *, label: str, model: str, kind_args: list[str], clients: int, art: Path) -> dict:
-    """One genai-perf profile run; returns the parsed summary (or the error)."""
+    """One genai-perf profile run, run again (up to --retries times) when perf_analyzer leaves an empty or cut-off
+    export (genai-perf 0.0.9's perf_analyzer does so now and then against the Triton model; it exits 0);
+    returns the parsed summary (or the error), with how many tries it took."""
+    for attempt in range(a.retries + 1):
+        res = _run_genai_perf_once(a, label=label, model=model, kind_args=kind_args, clients=clients, art=art)
+        res["attempts"] = attempt + 1
+        if not res.get("error") or "Failed to parse JSON" not in res["error"]:
+            return res
+        log(f"  {label} x{clients}: perf_analyzer's export is empty or cut off; running it again")
+    return res
+
+
+def _run_genai_perf_once(a, *, label: str, model: str, kind_args: list[str], clients: int, art: Path) -> dict:
     if art.exists():
         shutil.rmtree(art)
     art.mkdir(parents=True)
@@ -314,24 +326,29 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def _ok(r: dict | None) -> bool:
+    return r is not None and not r.get("error") and bool(r.get("output_tok_per_s"))
+
+
 def merge_reps(rs: list[dict]) -> dict | None:
-    """One variant's repetitions at one level -> one row: the geometric mean of each figure (an error wins)."""
-    if not rs:
-        return None
-    bad = next((r for r in rs if r.get("error") or not r.get("output_tok_per_s")), None)
-    if bad is not None:
-        return bad
-    out = dict(rs[0])
+    """One variant's repetitions at one level -> one row: the geometric mean of each figure over the runs that
+    worked (a run that failed is counted in "failed"); every run failed: the first failure."""
+    good = [r for r in rs if _ok(r)]
+    if not good:
+        return rs[0] if rs else None
+    out = dict(good[0])
     for key in ("output_tok_per_s", "request_latency_p50_ms", "ttft_p50_ms", "itl_p50_ms", "output_len_mean"):
-        vals = [r[key] for r in rs if r.get(key)]
+        vals = [r[key] for r in good if r.get(key)]
         out[key] = geomean(vals) if vals else None
-    out["per_rep_tok_per_s"] = [r["output_tok_per_s"] for r in rs]
+    out["failed"] = len(rs) - len(good)
     return out
 
 
 def table(rows: list[dict]) -> tuple[str, list[dict]]:
-    """Per level: each variant's figures (geometric means over repetitions), spec / target-only throughput, and
-    with repetitions, the ratio within each repetition (spec against the target-only run next to it)."""
+    """Per level: each variant's figures (geometric means over the repetitions that worked), spec / target-only
+    throughput, and with repetitions, the ratio within each repetition where both runs worked. genai-perf 0.0.9's
+    perf_analyzer now and then writes an empty or cut-off export against the Triton model (4 of 50 runs here; it is
+    run again, --retries); a run that still failed is reported, not counted."""
     by: dict = {}
     for r in rows:
         by.setdefault((r["server"], r["clients"], r["variant"]), []).append(r)
@@ -340,25 +357,32 @@ def table(rows: list[dict]) -> tuple[str, list[dict]]:
     lines = [head, "|" + "|".join("---" for _ in range(9)) + "|"]
     ratios = []
     for server, clients in sorted({(r["server"], r["clients"]) for r in rows}, key=lambda x: (x[0], x[1])):
-        s, t = (merge_reps(by.get((server, clients, v), [])) for v in ("spec", "target"))
-        ratio, per_rep = None, []
-        if s and t and not s.get("error") and not t.get("error") and s.get("output_tok_per_s") and \
-                t.get("output_tok_per_s"):
-            ratio = s["output_tok_per_s"] / t["output_tok_per_s"]
-            per_rep = [x / y for x, y in zip(s.get("per_rep_tok_per_s", []), t.get("per_rep_tok_per_s", []))]
+        runs = {v: by.get((server, clients, v), []) for v in ("spec", "target")}
+        s, t = merge_reps(runs["spec"]), merge_reps(runs["target"])
+        ratio = s["output_tok_per_s"] / t["output_tok_per_s"] if _ok(s) and _ok(t) else None
+        pairs = {}
+        for v, rs in runs.items():
+            for r in rs:
+                pairs.setdefault(r.get("rep", 1), {})[v] = r
+        per_rep = [p["spec"]["output_tok_per_s"] / p["target"]["output_tok_per_s"] for _, p in sorted(pairs.items())
+                   if _ok(p.get("spec")) and _ok(p.get("target"))]
+        failed = sum(1 for rs in runs.values() for r in rs if not _ok(r))
         ratios.append({"server": server, "clients": clients, "spec_over_target_tok_per_s": ratio,
-                       "per_repetition": per_rep})
+                       "per_repetition": per_rep, "failed_runs": failed})
         for v, r in (("spec", s), ("target-only", t)):
             if r is None:
                 continue
-            if r.get("error"):
-                lines.append(f"| {server} | {clients} | {v} | error: {r['error'].splitlines()[0][:100]} | | | | | |")
+            if not _ok(r):
+                lines.append(f"| {server} | {clients} | {v} | error: {(r.get('error') or 'no output').splitlines()[0][:100]}"
+                             " | | | | | |")
                 continue
+            note = ""
+            if v == "spec" and (len(per_rep) > 1 or failed):
+                note = " (" + ", ".join(f"{x:.2f}" for x in per_rep) + (f"; {failed} run(s) failed" if failed else "") + ")"
             lines.append(f"| {server} | {clients} | {v} | {fmt(r['output_tok_per_s'])} | "
                          f"{fmt(r['request_latency_p50_ms'], '{:.0f}')} | {fmt(r['ttft_p50_ms'], '{:.0f}')} | "
                          f"{fmt(r['itl_p50_ms'])} | {fmt(r['output_len_mean'])} | "
-                         f"{fmt(ratio, '{:.2f}x') if v == 'spec' else ''}"
-                         f"{' (' + ', '.join(f'{x:.2f}' for x in per_rep) + ')' if v == 'spec' and len(per_rep) > 1 else ''} |")
+                         f"{fmt(ratio, '{:.2f}x') if v == 'spec' else ''}{note} |")
     return "\n".join(lines), ratios
 
 
@@ -375,6 +399,7 @@ def main() -> int:
                     help="warm-up requests before each measured run, not counted (default: one per client; 0: none). "
                          "A server meets each batch size once: auto measures its costs there, e.g. the first "
                          "16-client run of a fresh server gave 0.79x against 0.99x and 1.01x after it")
+    ap.add_argument("--retries", type=int, default=1, help="runs again when perf_analyzer's export is empty or cut off")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of each level (the variants' order alternates; "
                     "the table gives geometric means and each repetition's ratio)")
     ap.add_argument("--request-count", type=int, default=32,

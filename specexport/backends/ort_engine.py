@@ -151,8 +151,9 @@ class OrtEngine:
         self._key_pos_values: dict[int, object] = {}
         self.busy_s = 0.0  # seconds inside session runs (the benchmark's host-overhead split)
         for name in self.graphs:  # sessions open at load (slow loading, no first-use pause) or at first use, so
-            if preload is True or (preload is None and self._greedy_graph(name)):  # that a run holds packed
-                self.session(name)  # weights only for the graphs it calls
+            if (preload is True and self.graphs[name].get("rows", 0) <= max_batch) or \
+                    (preload is None and self._greedy_graph(name)):  # that a run holds packed weights only for
+                self.session(name)  # the graphs it calls (a variant for more rows than max_batch never runs)
         self._bindings: dict[tuple[str, int], _Binding] = {}
 
     def mirrors(self, other) -> bool:
