@@ -1,6 +1,8 @@
 """Engines whose draft is a quantized copy of the target (MatMulNBits in ONNX Runtime): the tokens stay the
 target's at every k, target-only and auto, on onnxruntime and torch; seeds repeat; load-time drafter choice."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -95,7 +97,7 @@ def test_the_draft_cache_is_copied_from_the_target(quant_engines, reference):
     for mine, theirs in zip(dec.drafter.engine._kv_np, dec.target._kv_np):
         assert np.array_equal(mine[0, :, :n], theirs[0, :, :n])
     ctl = dec.autok()
-    steps = iter([0] * 6 + [3] * 100)  # six target-only steps, then drafting: a catch-up by copy
+    steps = itertools.chain([0] * 6, itertools.repeat(3))  # six target-only steps, then a catch-up by copy
     ctl.plan = lambda B, rows, missing=0, free=None: next(steps)
     outs = dec.generate(PROMPTS, NEW, k="auto")
     assert [o.token_ids for o in outs] == reference
