@@ -31,7 +31,7 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
   u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
              prefill chunks, each measured per call (chunks also at admission); for a quantized copy of the
-             target whose cache mirrors the target's, one copy of the target's cache rows (measured per call)
+             target whose cache mirrors the target's, a copy of the target's cache rows (measured per row-position)
 Rule
   Prompt lookup (proposals cost no pass): propose first, then verify the width j in {0} + built ks (rows
     truncated to j; a row verifies at most the smallest k from a source it has no evidence for yet) that
@@ -288,10 +288,10 @@ class AutoK:
         rewrite two tokens, or ceil(gap / chunk) prefill chunks. Each is costed per call, measured; unmeasured,
         a call is guessed at one draft pass (it is one or two passes, or the smallest built k's draft) and a chunk
         at `chunk_guess` passes, and with no draft pass measured at this bucket the choice is made in those
-        units (seconds 0). A draft whose cache is copied from the target's: (gap x B x the measured seconds per
-        row-position copied, "copy"). A call costs about the same whatever it holds: costing a one-token gap per token
+        units (seconds 0). A call costs about the same whatever it holds: costing a one-token gap per token
         through a 64-token chunk (42 ms, as measured) made every later gap look dear, and kept a draft model
-        off for the rest of its request."""
+        off for the rest of its request. A draft whose cache is copied from the target's: (gap x B x the
+        measured seconds per row-position copied, "copy")."""
         if gap <= 0:
             return 0.0, "pass"
         if self.copy_catch_up:  # a copy of the target's cache rows: measured per row-position copied, at most

@@ -373,12 +373,13 @@ def table(rows: list[dict]) -> tuple[str, list[dict]]:
             if r is None:
                 continue
             if not _ok(r):
-                lines.append(f"| {server} | {clients} | {v} | error: {(r.get('error') or 'no output').splitlines()[0][:100]}"
-                             " | | | | | |")
+                error = (r.get("error") or "no output").splitlines()[0][:100]
+                lines.append(f"| {server} | {clients} | {v} | error: {error} | | | | | |")
                 continue
             note = ""
             if v == "spec" and (len(per_rep) > 1 or failed):
-                note = " (" + ", ".join(f"{x:.2f}" for x in per_rep) + (f"; {failed} run(s) failed" if failed else "") + ")"
+                failures = f"; {failed} run(s) failed" if failed else ""
+                note = " (" + ", ".join(f"{x:.2f}" for x in per_rep) + failures + ")"
             lines.append(f"| {server} | {clients} | {v} | {fmt(r['output_tok_per_s'])} | "
                          f"{fmt(r['request_latency_p50_ms'], '{:.0f}')} | {fmt(r['ttft_p50_ms'], '{:.0f}')} | "
                          f"{fmt(r['itl_p50_ms'])} | {fmt(r['output_len_mean'])} | "
