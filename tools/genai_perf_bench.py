@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -55,6 +54,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from specexport.bench.report import geomean  # noqa: E402 (the checkout's package, installed or not)
 VENV_BIN = Path(sys.executable).parent
 VARIANTS = (("spec", ["--k", "auto"]), ("target", ["--target-only"]))
 
@@ -290,7 +291,6 @@ def triton_phase(a, engine: Path, work: Path) -> list[dict]:
     try:
         for name, _ in VARIANTS:
             wait_http(f"http://127.0.0.1:{http}/v2/models/{name}/ready", server, a.ready_timeout)
-        sys.path.insert(0, str(ROOT))
         from specexport.triton.client import generate  # warm-up over gRPC (needs tritonclient: the main venv)
         for name, _ in VARIANTS:
             r = generate(f"127.0.0.1:{grpc}", name, "Hello", max_tokens=8, stream=True)
@@ -320,10 +320,6 @@ def report_row(r: dict) -> None:
         log(f"  {r['server']}/{r['variant']} x{r['clients']}: {fmt(r['output_tok_per_s'])} tok/s, "
             f"latency p50 {fmt(r['request_latency_p50_ms'], '{:.0f}')} ms, ttft p50 {fmt(r['ttft_p50_ms'], '{:.0f}')}"
             f" ms, itl p50 {fmt(r['itl_p50_ms'])} ms, output {fmt(r['output_len_mean'])} tokens ({r['wall_s']} s)")
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def _ok(r: dict | None) -> bool:
