@@ -47,7 +47,8 @@ class Batch:
         # position past_len - 1) stay inside its own cache row and attend at least one finite position
         self.past_len = np.ones(W, dtype=np.int64)
         # [W]: positions < draft_valid hold the draft model's KV of committed tokens, or the target's where a
-        # quantized copy takes them from it (it lags after target-only steps, and catches up before its next draft)
+        # quantized copy takes them from it (it lags after target-only steps, and catches up before its next draft;
+        # a copy whose cache is the target's own never lags)
         self.draft_valid = [0] * W
         self._admitting: set[int] = set()  # rows of the admit() call in progress (not yet running)
         self.prev = np.zeros(W, dtype=np.int64)  # [W]: the token before the current one
@@ -207,7 +208,10 @@ class Batch:
         return calls, by
 
     def _draft_lag(self, rows: list[int]) -> int:
-        """The most committed tokens a row's draft model has not seen (rows catch up together)."""
+        """The most committed tokens a row's draft model has not seen (rows catch up together; none where the
+        draft's cache is the target's: drafters.ModelDrafter.link_kv)."""
+        if getattr(self.dec.drafter, "shares_kv", False):
+            return 0
         return max(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
 
     def _hybrid_lookup(self, d: HybridDrafter, rows: list[int], B: int, last_two: np.ndarray):

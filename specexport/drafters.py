@@ -70,26 +70,38 @@ class ModelDrafter:
         self.engine = engine
         self.name = name
         self.kv_source = None  # the target engine, where its KV can stand for this draft's (see link_kv)
+        self.shares_kv = False  # the draft reads and writes the target's caches: it never lags (see link_kv)
 
     def link_kv(self, target) -> bool:
         """A quantized copy of the target (`quant:...`) has the target's layers, so the target's keys and values
-        of committed tokens are what its own would be, up to the quantization error: where both engines keep
-        their caches in host buffers of one layout, the draft's prompt and its catch-up after target-only steps
-        are copied from the target's cache (about 46 KB per token on SmolLM2) instead of running the draft.
+        of committed tokens are what its own would be, up to the quantization error. Where both engines keep
+        their caches in host buffers of one layout:
+        - a fused draft (OrtEngine.share_kv) reads and writes the target's caches and keeps none of its own: the
+          cache of a row is always the target's up to the current token, so the draft has no prompt to prefill
+          and no catch-up after target-only steps, and its memory is its weights only (SmolLM2 int8: 0.28x the
+          fp32 target's weights; its own cache at max_seq_len 1024 was another 0.085x per row). It writes from
+          the current position on, which the target's verify overwrites before it reads;
+        - otherwise (portable graphs, whose draft rewrites the position before the current one) the draft's
+          prompt and its catch-up are copied from the target's cache (about 46 KB per token on SmolLM2).
         Lossless either way (a draft only proposes); on SmolLM2 with an int8 draft a prefill chunk of the draft
         cost as much as the fp32 target's (40 ms at batch 1) and delayed the first token by a third."""
         mirrors = getattr(self.engine, "mirrors", None)
         self.kv_source = target if self.name.startswith("quant:") and mirrors is not None and mirrors(target) \
             else None
+        self.shares_kv = self.kv_source is not None and self.engine.share_kv(target)
         return self.kv_source is not None
 
     def seed(self, rows: list[int], starts: list[int], ends: list[int]) -> None:
-        """Positions starts[i]..ends[i]-1 of cache row rows[i]: the target's keys and values (link_kv)."""
+        """Positions starts[i]..ends[i]-1 of cache row rows[i]: the target's keys and values (link_kv; nothing to
+        do where the caches are the target's own)."""
+        if self.shares_kv:
+            return
         for b, start, end in zip(rows, starts, ends):
             if end > start:
                 self.engine.copy_kv(self.kv_source, b, start, end)
 
     def prefill(self, tokens, past_len, kv_len, row0=0):
+        assert not self.shares_kv, "a draft over the target's caches must not write committed positions"
         self.engine.prefill(tokens, past_len, np.zeros_like(past_len), kv_len, row0)
 
     def rewrite(self, pairs: np.ndarray, past_len: np.ndarray, cache_len: int) -> None:
@@ -97,6 +109,7 @@ class ModelDrafter:
         greedy draft call whose drafts are discarded (a short catch-up; what it writes beyond past_len is
         overwritten before anything reads it). A fused engine chains one-token passes and an eager one takes any
         k, so they draft 1; a graph per k drafts the smallest built k."""
+        assert not self.shares_kv, "a draft over the target's caches must not write committed positions"
         e = self.engine
         k = 1 if e.ks is None or not e.fixed_shapes or getattr(e, "fused", False) else min(e.ks)
         self.engine.draft(pairs, past_len, min(int(past_len.max()) + k + 1, cache_len), k, None, None)
@@ -170,6 +183,10 @@ class HybridDrafter:
     @property
     def kv_source(self):
         return self.model.kv_source
+
+    @property
+    def shares_kv(self):
+        return self.model.shares_kv
 
     def link_kv(self, target) -> bool:
         return self.model.link_kv(target)

@@ -13,9 +13,11 @@
   Python API fallback SPECEXPORT_ORT_CAPI=0), every session reads the mapped weights as they are. The greedy
   graphs' sessions open at load and the sampling graphs' at their first use (`preload=True`: all at load,
   per-row variants included, as the servers load; False: each at first use).
-- KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D]; a call with batch B
-  binds rows 0..B-1 as both the graph's cache input and its cache output, so ONNX Runtime writes the
-  new keys and values in place (ScatterElements skips its copy when input and output are one buffer).
+- KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D], over one anonymous
+  memory map per engine (resident as positions are written); a call with batch B binds rows 0..B-1 as both
+  the graph's cache input and its cache output, so ONNX Runtime writes the new keys and values in place
+  (ScatterElements skips its copy when input and output are one buffer). A fused quantized copy of the target
+  runs over the target's buffers and has none of its own (share_kv; drafters.ModelDrafter.link_kv).
 - Per (graph, batch) one IOBinding, made on first use: outputs bound to preallocated buffers, inputs copied
   into preallocated OrtValues (`update_inplace`), so a step allocates nothing of its own.
 - Graph sets: "portable" (standard ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py; the build's
@@ -72,6 +74,21 @@ def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
             continue
         a, b = m["data_offsets"]
         out[name] = mm[8 + n + a:8 + n + b].view(dtypes[m["dtype"]]).reshape(m["shape"])
+    return out
+
+
+def zeroed_host(shapes: list[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarray]:
+    """Zeroed arrays over one anonymous memory map (page-aligned each): a page is resident only once written, so
+    a cache costs the positions used, not max_seq_len (np.zeros can take heap memory it must clear: all of it
+    resident), and the whole map goes back to the system when the last array over it goes (OrtEngine.share_kv)."""
+    import mmap
+    page = mmap.PAGESIZE
+    sizes = [-(-int(np.prod(shape)) * np.dtype(dtype).itemsize // page) * page for shape in shapes]
+    mm = mmap.mmap(-1, max(sum(sizes), page), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    out, offset = [], 0
+    for shape, size in zip(shapes, sizes):
+        out.append(np.frombuffer(mm, dtype, int(np.prod(shape)), offset).reshape(shape))
+        offset += size
     return out
 
 
@@ -143,7 +160,7 @@ class OrtEngine:
             self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np_dtype), "cuda", 0)
                        for _ in range(2 * cfg.num_layers)]
         else:
-            self._kv_np = [np.zeros(shape, np_dtype) for _ in range(2 * cfg.num_layers)]
+            self._kv_np = zeroed_host([shape] * (2 * cfg.num_layers), np_dtype)
             self.kv = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._kv_np]
         self.kv_dtype = np_dtype
         self.key_pos = np.arange(cache_len, dtype=np.int64)  # [S]; key_pos[:L] is bound without a copy
@@ -155,6 +172,7 @@ class OrtEngine:
                     (preload is None and self._greedy_graph(name)):  # that a run holds packed weights only for
                 self.session(name)  # the graphs it calls (a variant for more rows than max_batch never runs)
         self._bindings: dict[tuple[str, int], _Binding] = {}
+        self.kv_shared = False  # the caches are another engine's (share_kv)
 
     def mirrors(self, other) -> bool:
         """Can this engine's cache take rows of `other`'s as they are: host buffers, one per layer's keys and
@@ -162,6 +180,18 @@ class OrtEngine:
         mine, theirs = getattr(self, "_kv_np", None), getattr(other, "_kv_np", None)
         return mine is not None and theirs is not None and len(mine) == len(theirs) and \
             all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
+
+    def share_kv(self, other: "OrtEngine") -> bool:
+        """Read and write `other`'s caches instead of this engine's own (dropped): a fused draft of the target's own
+        layers whose cache mirrors the target's (ModelDrafter.link_kv). Its first pass then feeds only the current
+        token, so it writes nothing below the current position, where the target's committed keys and values
+        are; what it writes from there on, the target's verify overwrites before anything reads it. Only before
+        the first call (a binding holds the buffers it was made with)."""
+        if not (self.fused and self.mirrors(other)) or self._bindings:
+            return False
+        self._kv_np, self.kv = other._kv_np, other.kv
+        self.kv_shared = True
+        return True
 
     def copy_kv(self, other: "OrtEngine", row: int, start: int, end: int) -> None:
         """Positions start..end-1 of cache row `row`, copied from `other` (mirrors(other))."""
@@ -287,7 +317,8 @@ class OrtEngine:
 
     def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u):
         """A fused draft: k one-pass calls. The first pass re-reads the last two committed tokens (at batch > 1 as
-        two one-token passes, the first only writing its KV); each later pass feeds the previous draft token."""
+        two one-token passes, the first only writing its KV), or, over the target's caches (share_kv), feeds the
+        current token alone; each later pass feeds the previous draft token."""
         B, mode = len(last_two), sampling is not None
 
         def one(tokens, pos, i):  # -> draft token [B], q [B, 1, V] or None (copies: the buffers are reused)
@@ -297,7 +328,9 @@ class OrtEngine:
             out = self._run(graph_name("draft_pass", int(tokens.shape[1]), mode), B, ins, kv_len)
             return out[0][:, 0].copy(), (out[1].copy() if mode else None)
 
-        if B > 1:
+        if self.kv_shared:  # positions below the current one are the target's, and stay so
+            d, q = one(last_two[:, 1:], past_len, 0)
+        elif B > 1:
             one(last_two[:, :1], past_len - 1, 0)
             d, q = one(last_two[:, 1:], past_len, 0)
         else:

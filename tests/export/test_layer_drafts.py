@@ -193,17 +193,19 @@ def rss():  # (not Pss: the test process may map the same files, which would hal
 before = rss()
 dec = SpeculativeDecoder.load(sys.argv[1], backend="onnxruntime", drafter=sys.argv[2], max_batch=1,
                               prepack=sys.argv[3] == "True")
+prompt = ([5, 6, 7, 8, 9, 10, 11] * int(sys.argv[4]))[:int(sys.argv[4])]
 for _ in range(2):
-    dec.generate([5, 6, 7, 8, 9, 10, 11, 5, 6, 7], 24, speculative=sys.argv[2] != "prompt-lookup")
+    dec.generate(prompt, 24, speculative=sys.argv[2] != "prompt-lookup")
 print(json.dumps(rss() - before))
 """
 
 
-def _draft_extra_bytes(engine: str, prepack: bool) -> int:
-    """Resident memory (RSS) the draft adds to a loaded, warmed engine, measured in fresh processes."""
+def draft_extra_bytes(engine: str, prepack: bool, prompt_len: int = 10) -> int:
+    """Resident memory (RSS) the draft adds to a loaded, warmed engine (two generations of 24 tokens after a prompt
+    of prompt_len), measured in fresh processes."""
     run = lambda drafter: json.loads(subprocess.run(  # noqa: E731
-        [sys.executable, "-c", MEASURE, engine, drafter, str(prepack)], capture_output=True, text=True,
-        check=True).stdout)
+        [sys.executable, "-c", MEASURE, engine, drafter, str(prepack), str(prompt_len)], capture_output=True,
+        text=True, check=True).stdout)
     return run("model") - run("prompt-lookup")
 
 
@@ -226,7 +228,7 @@ def test_shared_tensors_exist_once_in_memory(tmp_path, prepack):
     sep = json.loads((Path(separate["out"]) / "manifest.json").read_text())["models"]["draft"]
     draft_bytes = separate["files"][sep["weights"]]  # its own tensors: the layers: draft's shapes
     assert draft_bytes > 0.7 * target_bytes
-    extra_shared, extra_separate = (_draft_extra_bytes(e["out"], prepack) for e in (shared, separate))
+    extra_shared, extra_separate = (draft_extra_bytes(e["out"], prepack) for e in (shared, separate))
     assert extra_separate > 0.8 * draft_bytes, (extra_separate, draft_bytes)
     # measured 0.056x; pre-packed 0.11x: the draft's own sessions' allocations weigh more against this small
     # target (on SmolLM2 fp32 the pre-packed layers: draft adds 0.067x)

@@ -2,15 +2,17 @@
 target's at every k, target-only and auto, on onnxruntime and torch; seeds repeat; load-time drafter choice."""
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import hf_greedy
+from helpers import hf_greedy, make_tiny
 from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
 from specexport.config import BuildConfig
 from specexport.export.build import build
 from specexport.export.loader import open_draft
+from test_layer_drafts import draft_extra_bytes
 from test_runtime_greedy import NEW, PROMPTS
 
 SHAPES = dict(max_seq_len=128, max_batch=4, prefill_chunk=16)
@@ -81,24 +83,72 @@ def test_bad_quant_spec_fails_before_any_work(tiny, tmp_path):
         build(cfg, progress=False)
 
 
-def test_the_draft_cache_is_copied_from_the_target(quant_engines, reference):
-    """A quantized copy has the target's layers: on onnxruntime (host caches of one layout) its prompt and its
-    catch-up after target-only steps are the target's cached keys and values, copied, instead of draft passes;
-    the tokens stay the target's, and the draft still proposes what the target accepts."""
+def test_the_draft_reads_and_writes_the_targets_cache(quant_engines, reference):
+    """A quantized copy has the target's layers: on onnxruntime (host caches of one layout) a fused draft keeps no
+    cache of its own and runs over the target's (drafters.ModelDrafter.link_kv). It never writes a committed
+    position, so the tokens stay the target's at batch 1 and 4, at a fixed k and at auto through target-only steps
+    (nothing to catch up), and the draft still proposes what the target accepts."""
     dec = SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="model")
-    assert dec.drafter.kv_source is dec.target and dec.autok().copy_catch_up
-    assert SpeculativeDecoder.load(quant_engines["quant:int8"], backend="torch", drafter="model").drafter.kv_source \
-        is None  # the torch engine keeps its caches as tensors: the draft prefills
+    assert dec.drafter.kv_source is dec.target and dec.drafter.shares_kv
+    for mine, theirs in zip(dec.drafter.engine._kv_np, dec.target._kv_np):
+        assert mine is theirs
+    assert not SpeculativeDecoder.load(quant_engines["quant:int8"], backend="torch", drafter="model").drafter.shares_kv
+    # every draft call writes at or after each row's current position (the tokens alone would not show it: an
+    # int8 copy's keys and values are too close to the target's to flip a greedy token of this tiny model)
+    current, writes, eng = [], [], dec.drafter.engine
+    propose, run = dec.drafter.propose, eng._run
+    dec.drafter.propose = lambda x, k: (current.append(x.past_len.copy()), propose(x, k))[1]
+    eng._run = lambda name, B, ins, *a, **kw: (writes.append((current[-1], ins["past_len"].copy())),
+                                                run(name, B, ins, *a, **kw))[1]
+    outs = dec.generate([PROMPTS[0]], NEW, k=3)
+    assert [o.token_ids for o in outs] == reference[:1]
+    assert outs[0].stats.accepted > 0.8 * outs[0].stats.drafted
+    assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=3)] == reference
+    ctl = dec.autok()
+    steps = itertools.chain([0] * 6, itertools.cycle([3, 0, 1]))  # target-only steps between drafts
+    ctl.plan = lambda B, rows, missing=0, free=None: next(steps)
+    outs = dec.generate(PROMPTS, NEW, k="auto")
+    assert [o.token_ids for o in outs] == reference
+    assert sum(o.stats.accepted for o in outs) > 0.8 * sum(o.stats.drafted for o in outs) > 0
+    assert not any(key[0] == "catch_up" for key in ctl.costs.median)
+    assert writes and all((pos >= cur).all() for cur, pos in writes)
+
+
+def test_a_portable_draft_copies_the_targets_cache(tiny, tmp_path, reference):
+    """Portable graphs' draft rewrites the position before the current one, so it keeps its own cache: its prompt
+    and its catch-up after target-only steps are the target's keys and values, copied, instead of draft passes."""
+    cfg = BuildConfig(target=tiny["llama"]["target"], draft="quant:int8", ks=(3,), ops="portable",
+                      out=str(tmp_path / "p"), **SHAPES)
+    dec = SpeculativeDecoder.load(build(cfg, progress=False)["out"], drafter="model")
+    assert dec.drafter.kv_source is dec.target and not dec.drafter.shares_kv and dec.autok().copy_catch_up
     prompt = PROMPTS[0]
     outs = dec.generate([prompt], NEW, k=3)
     assert [o.token_ids for o in outs] == reference[:1]
     assert outs[0].stats.accepted > 0.8 * outs[0].stats.drafted
     n = len(prompt) - 1  # positions the draft never rewrote: exactly the target's
     for mine, theirs in zip(dec.drafter.engine._kv_np, dec.target._kv_np):
-        assert np.array_equal(mine[0, :, :n], theirs[0, :, :n])
+        assert mine is not theirs and np.array_equal(mine[0, :, :n], theirs[0, :, :n])
     ctl = dec.autok()
     steps = itertools.chain([0] * 6, itertools.repeat(3))  # six target-only steps, then a catch-up by copy
     ctl.plan = lambda B, rows, missing=0, free=None: next(steps)
     outs = dec.generate(PROMPTS, NEW, k="auto")
     assert [o.token_ids for o in outs] == reference
     assert any(key[:2] == ("catch_up", "copy") for key in ctl.costs.median)
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc")
+def test_a_draft_over_the_targets_cache_adds_no_cache_memory(tmp_path):
+    """Measured, not read from a flag: after a 6,000-token prompt, a draft that keeps its own cache (`layers:` over
+    3 of 4 layers) adds about its cache's resident size; the int8 copy, over the target's cache, adds only its
+    codes and sessions."""
+    make_tiny(tmp_path / "t", "llama", vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=4)
+    shape = dict(ks=(3,), max_seq_len=8192, max_batch=1, prefill_chunk=256, sampling=False)
+    engines = {spec: build(BuildConfig(target=str(tmp_path / "t"), draft=spec, out=str(tmp_path / spec[:5]),
+                                       **shape), progress=False)["out"] for spec in ("quant:int8", "layers:0,1,2")}
+    n = 6000
+    kv_touched = n * 4 * 2 * 128 * 4  # prompt positions x layers x (keys, values) x Hkv*D x fp32: 24.6 MB
+    own, shared = (draft_extra_bytes(engines[spec], True, n) for spec in ("layers:0,1,2", "quant:int8"))
+    assert own > 0.6 * kv_touched, (own, kv_touched)  # 3/4 of it: the measurement sees a cache where there is one
+    # measured 8.3 MB (its codes, their packed copies and its sessions); with a cache of its own, copied from the
+    # target's, the int8 copy added 32.3 MB
+    assert shared < 0.5 * kv_touched, (shared, kv_touched)
