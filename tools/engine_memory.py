@@ -8,12 +8,16 @@ onnxruntime + transformers). The peak includes the load's transients: pre-packin
 (their pages go back once every session has packed) while the packed copy is being made.
 
     python tools/engine_memory.py engines/smollm2 [--backend onnxruntime] [--prepack|--no-prepack] [--max-batch 1]
+
+--draft-extra: what the draft model adds, as the difference of two fresh processes' resident sets after the runs,
+one with drafter="model" and one with drafter="prompt-lookup" (the draft not loaded), against the target's weights.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,7 +37,11 @@ def main():
     ap.add_argument("--backend", default="onnxruntime")
     ap.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None, help="default: the runtime's")
     ap.add_argument("--max-batch", type=int, default=1)
+    ap.add_argument("--drafter", default=None, help="model | hybrid | prompt-lookup (default: the engine's)")
+    ap.add_argument("--draft-extra", action="store_true", help="the draft's extra resident memory (see above)")
     a = ap.parse_args()
+    if a.draft_extra:
+        return draft_extra(a)
     import onnxruntime  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
@@ -42,10 +50,12 @@ def main():
     from specexport.export.inspect import describe
     baseline = status("VmRSS")
     opts = {"prepack": a.prepack} if a.prepack is not None else {}
+    if a.drafter:
+        opts["drafter"] = a.drafter
     dec = SpeculativeDecoder.load(a.engine, backend=a.backend, max_batch=a.max_batch, **opts)
     prompt = "Rewrite this code with a list comprehension:\n\ndef f(xs):\n    out = []\n    for x in xs:\n" \
              "        out.append(x * 2)\n    return out\n"
-    dec.generate([prompt] * a.max_batch, max_new_tokens=64, chat=True)
+    dec.generate([prompt] * a.max_batch, max_new_tokens=64, chat=True, speculative=a.drafter != "prompt-lookup")
     dec.generate([prompt] * a.max_batch, max_new_tokens=64, chat=True, speculative=False)
     peak, steady = status("VmHWM"), status("VmRSS")
     info = describe(a.engine)
@@ -59,6 +69,19 @@ def main():
            "engine_pair_over_weights_plus_kv": (peak - baseline) / (weights + kv), "rss_after_mb": steady / 1e6,
            "engine_pair_after_over_weights_plus_kv": (steady - baseline) / (weights + kv)}
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
+
+
+def draft_extra(a) -> None:
+    argv = [sys.executable, __file__, a.engine, "--backend", a.backend, "--max-batch", str(a.max_batch)]
+    if a.prepack is not None:
+        argv.append("--prepack" if a.prepack else "--no-prepack")
+    runs = {d: json.loads(subprocess.run(argv + ["--drafter", d], capture_output=True, text=True, check=True).stdout)
+            for d in ("prompt-lookup", "model")}
+    from specexport.export.inspect import describe
+    target = describe(a.engine)["models"]["target"]["weights_bytes"] / 1e6
+    extra = runs["model"]["rss_after_mb"] - runs["prompt-lookup"]["rss_after_mb"]
+    print(json.dumps({"engine": a.engine, "draft_extra_rss_mb": round(extra, 1), "target_weights_mb": round(target, 1),
+                      "draft_extra_over_target_weights": round(extra / target, 3)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.layer_spec import format_layers
+from ..models.quant import QUANT_PREFIX
 from .manifest import read_manifest
 
 
@@ -29,6 +30,10 @@ def describe(engine_dir: str) -> dict:
                         "shared_tensors": len(shared["tensors"]), "kept_layers": e.get("layers"),
                         "kv_bytes_per_row": kv_per_row,
                         "kv_bytes_max_batch": kv_per_row * m["max_batch"],
+                        # a fused quantized copy runs over the target's caches on ONNX Runtime's CPU provider
+                        # (drafters.ModelDrafter.link_kv); elsewhere it keeps its own
+                        "kv_target_on_ort_cpu": role == "draft" and e["source"].startswith(QUANT_PREFIX)
+                        and m.get("ops", "portable") == "fused",
                         "kv_shape": [m["max_batch"], c["num_kv_heads"], m["cache_len"], c["head_dim"]],
                         "torchscript": e.get("torchscript"), "pt2": e.get("pt2"), "graphs": graphs,
                         "per_row_variants": {"graphs": len(variants), "batches": sorted({g["rows"] for g in variants}),
@@ -36,6 +41,7 @@ def describe(engine_dir: str) -> dict:
                         "quantized_linears": _quant_summary(e.get("quant_layers", {}))}
     weights = sum(v["weights_bytes"] for v in models.values())
     kv = sum(v["kv_bytes_max_batch"] for v in models.values())
+    kv_ort_cpu = sum(v["kv_bytes_max_batch"] for v in models.values() if not v["kv_target_on_ort_cpu"])
     return {"engine": str(engine_dir), "format_version": m["format_version"],
             "specexport_version": m["specexport_version"], "versions": m.get("versions", {}), "dtype": m["dtype"],
             "ks": m["ks"], "max_batch": m["max_batch"], "max_seq_len": m["max_seq_len"],
@@ -44,7 +50,8 @@ def describe(engine_dir: str) -> dict:
             "weights": m.get("weights", "dequantized"), "activations": m.get("activations"),
             "vocab_size": m["vocab_size"], "eos_token_ids": m["eos_token_ids"],
             "models": models, "files": {rel: f["bytes"] for rel, f in m["files"].items()},
-            "memory": {"weights_bytes": weights, "kv_bytes_max_batch": kv, "total_bytes": weights + kv}}
+            "memory": {"weights_bytes": weights, "kv_bytes_max_batch": kv, "total_bytes": weights + kv,
+                       "kv_bytes_max_batch_ort_cpu": kv_ort_cpu, "total_bytes_ort_cpu": weights + kv_ort_cpu}}
 
 
 def _quant_summary(layers: dict) -> dict[str, int]:
@@ -74,6 +81,8 @@ def format_description(d: dict) -> str:
         lines.append(f"  {m['layers']} layers{kept}, hidden {m['hidden']}, heads {m['heads']}, vocab {m['vocab']}; "
                      f"weights {_mb(m['weights_bytes'])}; KV {m['kv_shape']} x {2 * m['layers']} = "
                      f"{_mb(m['kv_bytes_max_batch'])} ({_mb(m['kv_bytes_per_row'])} per row)")
+        if m["kv_target_on_ort_cpu"]:
+            lines.append("  KV on onnxruntime's CPU provider: none of its own (it runs over the target's)")
         if m["shared_tensors"]:
             lines.append(f"  shared with the target: {m['shared_tensors']} tensors, {_mb(m['shared_bytes'])} (held "
                          f"once); separate: {_mb(m['weights_bytes'])}")
@@ -99,4 +108,7 @@ def format_description(d: dict) -> str:
     lines.append(f"memory for the pair: weights {_mb(mem['weights_bytes'])} + KV at max_batch "
                  f"{_mb(mem['kv_bytes_max_batch'])} = {_mb(mem['total_bytes'])}"
                  + (f" ({_mb(shared)} of draft weights read from the target's file)" if shared else ""))
+    if mem["kv_bytes_max_batch_ort_cpu"] != mem["kv_bytes_max_batch"]:
+        lines.append(f"  on onnxruntime's CPU provider: KV {_mb(mem['kv_bytes_max_batch_ort_cpu'])}, in all "
+                     f"{_mb(mem['total_bytes_ort_cpu'])}")
     return "\n".join(lines)

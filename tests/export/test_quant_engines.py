@@ -11,6 +11,7 @@ from helpers import hf_greedy, make_tiny
 from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
 from specexport.config import BuildConfig
 from specexport.export.build import build
+from specexport.export.inspect import describe, format_description
 from specexport.export.loader import open_draft
 from test_layer_drafts import draft_extra_bytes
 from test_runtime_greedy import NEW, PROMPTS
@@ -111,6 +112,9 @@ def test_the_draft_reads_and_writes_the_targets_cache(quant_engines, reference):
     assert [o.token_ids for o in outs] == reference
     assert sum(o.stats.accepted for o in outs) > 0.8 * sum(o.stats.drafted for o in outs) > 0
     assert not any(key[0] == "catch_up" for key in ctl.costs.median)
+    info = describe(quant_engines["quant:int8"])  # inspect says so, and counts the pair's memory without it
+    assert info["models"]["draft"]["kv_target_on_ort_cpu"] and "none of its own" in format_description(info)
+    assert info["memory"]["kv_bytes_max_batch_ort_cpu"] == info["models"]["target"]["kv_bytes_max_batch"]
     assert writes and all((pos >= cur).all() for cur, pos in writes)
 
 
