@@ -197,7 +197,7 @@ class AutoK:
     prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request (prompt lookup)
     model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
     chunk_guess: float = 8.0  # an unmeasured catch-up prefill chunk is guessed at this many draft passes
-    copy_catch_up: bool = False  # the draft's cache is copied from the target's (drafters.ModelDrafter.link_kv)
+    copy_catch_up: bool = False  # the draft's own cache is copied from the target's (drafters.ModelDrafter.link_kv)
     refreshing: bool = False  # the last plan() returned 0 to re-measure c(0)
     explore: float = 0.02  # share of the time spent off that probes may cost
     probe_every: int = 16  # fewest steps between probes of a draft model (doubles after each failed one)

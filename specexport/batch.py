@@ -48,7 +48,7 @@ class Batch:
         self.past_len = np.ones(W, dtype=np.int64)
         # [W]: positions < draft_valid hold the draft model's KV of committed tokens, or the target's where a
         # quantized copy takes them from it (it lags after target-only steps, and catches up before its next draft;
-        # a copy whose cache is the target's own never lags)
+        # unused where the draft runs over the target's cache: it never lags, drafters.ModelDrafter.link_kv)
         self.draft_valid = [0] * W
         self._admitting: set[int] = set()  # rows of the admit() call in progress (not yet running)
         self.prev = np.zeros(W, dtype=np.int64)  # [W]: the token before the current one
@@ -117,7 +117,8 @@ class Batch:
         others = [b for b in self.rows() if b not in self._admitting]
         draft_too = self.speculative and (self.auto is None or self.auto.expects_drafting(
             self.rows()[-1] + 1, self._draft_lag(others) if others else 0))
-        seed = draft_too and getattr(dec.drafter, "kv_source", None) is not None  # copied after the target's
+        # copied after the target's (nothing to do where the draft runs over the target's cache)
+        seed = draft_too and getattr(dec.drafter, "kv_source", None) is not None
         last_logits = np.empty((B, dec.target.vocab_size), dtype=np.float32)  # [B, V] at each prompt's last token
         for start in range(0, max(lengths), C):
             chunk = self._chunk(run, [start] * B)  # [B, C] (or fewer, eager)
@@ -175,8 +176,8 @@ class Batch:
         0..B-1 together), by the cheaper way for the largest gap (autok.catch_up): draft calls that rewrite two
         committed tokens each, or prefill chunks. Rows already up to date rewrite their last committed tokens
         (identical KV). A quantized copy of the target whose cache mirrors the target's copies the rows' missing
-        positions from the target's cache instead (drafters.ModelDrafter.link_kv). -> (calls, "pass" | "chunk"), or
-        (row-positions copied, "copy")."""
+        positions from the target's cache instead, and one that runs over the target's cache never lags
+        (drafters.ModelDrafter.link_kv). -> (calls, "pass" | "chunk"), or (row-positions copied, "copy")."""
         dec, C = self.dec, self.C
         gap = self._draft_lag(rows)
         if not gap:

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from .config import PROMPT_LOOKUP
+from .errors import SpecExportError
 from .sampling import SamplingRows
 
 
@@ -58,12 +59,14 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A smaller model with the target's vocabulary, over its own static KV buffers (an Engine).
+    """A smaller model with the target's vocabulary, over static KV buffers (an Engine): its own, or the target's
+    (a fused quantized copy on ONNX Runtime's CPU provider: link_kv).
 
-    Its cache mirrors the target's positions. Each step its fused draft graph re-reads the last two
+    Its cache mirrors the target's positions. Over its own cache, each step its draft graph re-reads the last two
     committed tokens (positions past_len-1, past_len): that fills the one position it may not have seen
     (the last accepted draft when all k were accepted) and rewrites the other with its own keys and values
-    (identical, unless that position was copied from the target's cache: link_kv).
+    (identical, unless that position was copied from the target's cache: link_kv). Over the target's, it feeds
+    the current token alone: every position before it is the target's.
     """
 
     def __init__(self, engine, name: str):
@@ -83,12 +86,17 @@ class ModelDrafter:
           the current position on, which the target's verify overwrites before it reads;
         - otherwise (portable graphs, whose draft rewrites the position before the current one) the draft's
           prompt and its catch-up are copied from the target's cache (about 46 KB per token on SmolLM2).
-        Lossless either way (a draft only proposes); on SmolLM2 with an int8 draft a prefill chunk of the draft
-        cost as much as the fp32 target's (40 ms at batch 1) and delayed the first token by a third."""
+        Lossless: a copy only changes what the draft proposes; over the target's caches, the draft never writes a
+        committed position (its writes start at the current one, and the verify rewrites those). On SmolLM2 with an
+        int8 draft a prefill chunk of the draft cost as much as the fp32 target's (40 ms at batch 1) and delayed
+        the first token by a third."""
         mirrors = getattr(self.engine, "mirrors", None)
         self.kv_source = target if self.name.startswith("quant:") and mirrors is not None and mirrors(target) \
             else None
         self.shares_kv = self.kv_source is not None and self.engine.share_kv(target)
+        if getattr(self.engine, "kv_shared", False) and not self.shares_kv:
+            raise SpecExportError(f"the {self.name} draft already runs over another target's cache: open the engine "
+                                  "again to pair it with this target")
         return self.kv_source is not None
 
     def seed(self, rows: list[int], starts: list[int], ends: list[int]) -> None:
@@ -101,7 +109,7 @@ class ModelDrafter:
                 self.engine.copy_kv(self.kv_source, b, start, end)
 
     def prefill(self, tokens, past_len, kv_len, row0=0):
-        assert not self.shares_kv, "a draft over the target's caches must not write committed positions"
+        _no_committed_writes(self)
         self.engine.prefill(tokens, past_len, np.zeros_like(past_len), kv_len, row0)
 
     def rewrite(self, pairs: np.ndarray, past_len: np.ndarray, cache_len: int) -> None:
@@ -109,7 +117,7 @@ class ModelDrafter:
         greedy draft call whose drafts are discarded (a short catch-up; what it writes beyond past_len is
         overwritten before anything reads it). A fused engine chains one-token passes and an eager one takes any
         k, so they draft 1; a graph per k drafts the smallest built k."""
-        assert not self.shares_kv, "a draft over the target's caches must not write committed positions"
+        _no_committed_writes(self)
         e = self.engine
         k = 1 if e.ks is None or not e.fixed_shapes or getattr(e, "fused", False) else min(e.ks)
         self.engine.draft(pairs, past_len, min(int(past_len.max()) + k + 1, cache_len), k, None, None)
@@ -118,6 +126,12 @@ class ModelDrafter:
         B = x.last_two.shape[0]
         draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft)
         return Proposal(draft, q, np.full(B, k, dtype=np.int64), k, model_ran=True)
+
+
+def _no_committed_writes(d: ModelDrafter) -> None:
+    """A draft over the target's caches must never write a committed position (the target's tokens would change)."""
+    if d.shares_kv:
+        raise RuntimeError(f"the {d.name} draft runs over the target's cache: it has nothing to prefill or catch up")
 
 
 class PromptLookupDrafter:
@@ -169,7 +183,8 @@ class PromptLookupDrafter:
 class HybridDrafter:
     """Prompt lookup where it matched at least `min_match` tokens (its proposals cost no pass), the draft model
     for the other rows; rows stay ragged within one verify. A step where every row matched runs no draft pass
-    (the model's cache then lags and the batch catches it up before its next draft). Sources (autok.py):
+    (the model's cache then lags and the batch catches it up before its next draft, unless it is the target's:
+    ModelDrafter.link_kv). Sources (autok.py):
     lookup rows keep their n-gram length (>= min_match >= 1), model rows are source 0."""
 
     def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter, min_match: int = 2):

@@ -229,7 +229,8 @@ class SpeculativeDecoder:
             self._autok = AutoK(self.built_ks(), free_drafts=getattr(self.drafter, "engine", None) is None,
                                 row_by_row=getattr(self.target, "row_by_row", False), chunk=self.config.prefill_chunk,
                                 compute_bound=not str(getattr(self.target, "device", "cpu")).startswith("cuda"),
-                                copy_catch_up=getattr(self.drafter, "kv_source", None) is not None)
+                                copy_catch_up=getattr(self.drafter, "kv_source", None) is not None
+                                and not getattr(self.drafter, "shares_kv", False))
         return self._autok
 
     def _run(self, reqs: list[Request], speculative: bool, k: int | str) -> Iterator[list[tuple[Request, list[int]]]]:

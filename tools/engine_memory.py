@@ -60,7 +60,8 @@ def main():
     peak, steady = status("VmHWM"), status("VmRSS")
     info = describe(a.engine)
     weights = info["memory"]["weights_bytes"]
-    kv = sum(m["kv_bytes_per_row"] for m in info["models"].values()) * a.max_batch
+    kv = sum(m["kv_bytes_per_row"] for m in info["models"].values()  # (a draft over the target's cache has none)
+             if not (m["kv_target_on_ort_cpu"] and a.backend == "onnxruntime")) * a.max_batch
     ort = a.backend == "onnxruntime"
     out = {"engine": a.engine, "backend": a.backend, "prepack": dec.target.prepack if ort else None,
            "shared_packs": getattr(dec.target, "capi", False), "max_batch": a.max_batch,

@@ -82,6 +82,8 @@ def zeroed_host(shapes: list[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarr
     a cache costs the positions used, not max_seq_len (np.zeros can take heap memory it must clear: all of it
     resident), and the whole map goes back to the system when the last array over it goes (OrtEngine.share_kv)."""
     import mmap
+    if not hasattr(mmap, "MAP_PRIVATE"):  # (Windows)
+        return [np.zeros(shape, dtype) for shape in shapes]
     page = mmap.PAGESIZE
     sizes = [-(-int(np.prod(shape)) * np.dtype(dtype).itemsize // page) * page for shape in shapes]
     mm = mmap.mmap(-1, max(sum(sizes), page), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -187,6 +189,8 @@ class OrtEngine:
         token, so it writes nothing below the current position, where the target's committed keys and values
         are; what it writes from there on, the target's verify overwrites before anything reads it. Only before
         the first call (a binding holds the buffers it was made with)."""
+        if self.kv_shared:
+            return self._kv_np is other._kv_np
         if not (self.fused and self.mirrors(other)) or self._bindings:
             return False
         self._kv_np, self.kv = other._kv_np, other.kv

@@ -87,20 +87,16 @@ def test_bad_quant_spec_fails_before_any_work(tiny, tmp_path):
 def test_the_draft_reads_and_writes_the_targets_cache(quant_engines, reference):
     """A quantized copy has the target's layers: on onnxruntime (host caches of one layout) a fused draft keeps no
     cache of its own and runs over the target's (drafters.ModelDrafter.link_kv). It never writes a committed
-    position, so the tokens stay the target's at batch 1 and 4, at a fixed k and at auto through target-only steps
-    (nothing to catch up), and the draft still proposes what the target accepts."""
+    position (checked on the writes themselves: the tokens alone would not show it, an int8 copy's keys and values
+    are too close to the target's to flip a greedy token of this tiny model), so the tokens stay the target's at
+    batch 1 and 3, at a fixed k, at auto through target-only steps (nothing to catch up), as the hybrid and
+    sampling; and the draft still proposes what the target accepts."""
     dec = SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="model")
     assert dec.drafter.kv_source is dec.target and dec.drafter.shares_kv
     for mine, theirs in zip(dec.drafter.engine._kv_np, dec.target._kv_np):
         assert mine is theirs
     assert not SpeculativeDecoder.load(quant_engines["quant:int8"], backend="torch", drafter="model").drafter.shares_kv
-    # every draft call writes at or after each row's current position (the tokens alone would not show it: an
-    # int8 copy's keys and values are too close to the target's to flip a greedy token of this tiny model)
-    current, writes, eng = [], [], dec.drafter.engine
-    propose, run = dec.drafter.propose, eng._run
-    dec.drafter.propose = lambda x, k: (current.append(x.past_len.copy()), propose(x, k))[1]
-    eng._run = lambda name, B, ins, *a, **kw: (writes.append((current[-1], ins["past_len"].copy())),
-                                                run(name, B, ins, *a, **kw))[1]
+    checked = _watch_draft_writes(dec)
     outs = dec.generate([PROMPTS[0]], NEW, k=3)
     assert [o.token_ids for o in outs] == reference[:1]
     assert outs[0].stats.accepted > 0.8 * outs[0].stats.drafted
@@ -112,10 +108,45 @@ def test_the_draft_reads_and_writes_the_targets_cache(quant_engines, reference):
     assert [o.token_ids for o in outs] == reference
     assert sum(o.stats.accepted for o in outs) > 0.8 * sum(o.stats.drafted for o in outs) > 0
     assert not any(key[0] == "catch_up" for key in ctl.costs.median)
+    hybrid = SpeculativeDecoder.load(quant_engines["quant:int8"])  # the default: lookup + the model
+    assert hybrid.drafter.shares_kv
+    checked_hybrid = _watch_draft_writes(hybrid)
+    assert [o.token_ids for o in hybrid.generate(PROMPTS, NEW, k=3)] == reference
+    sample = lambda: [o.token_ids for o in hybrid.generate(PROMPTS, NEW, k=3,  # noqa: E731
+                                                           sampling=SamplingParams(0.9, seed=4))]
+    assert sample() == sample()  # (the sampling graphs' draft calls are watched too)
+    assert checked["calls"] > 20 and checked_hybrid["calls"] > 10
     info = describe(quant_engines["quant:int8"])  # inspect says so, and counts the pair's memory without it
     assert info["models"]["draft"]["kv_target_on_ort_cpu"] and "none of its own" in format_description(info)
     assert info["memory"]["kv_bytes_max_batch_ort_cpu"] == info["models"]["target"]["kv_bytes_max_batch"]
-    assert writes and all((pos >= cur).all() for cur, pos in writes)
+    with pytest.raises(SpecExportError, match="another target's cache"):  # one draft engine, one target
+        dec.drafter.link_kv(hybrid.target)
+
+
+def _watch_draft_writes(dec) -> dict:
+    """Wrap the draft: every engine call's first written position is at or after each row's current position, and
+    the target's cache before it is bit for bit what it was before the draft ran."""
+    eng, model = dec.drafter.engine, getattr(dec.drafter, "model", dec.drafter)
+    propose, run, current, checked = model.propose, eng._run, [], {"calls": 0}
+
+    def watched_propose(x, k):
+        B, n = len(x.past_len), int(x.past_len.max())
+        before = [a[:B, :, :n].copy() for a in dec.target._kv_np]
+        current.append(x.past_len.copy())
+        out = propose(x, k)
+        for a, b in zip(dec.target._kv_np, before):
+            for row, p in enumerate(x.past_len.tolist()):
+                assert np.array_equal(a[row, :, :p], b[row, :, :p]), "the draft wrote a committed position"
+        return out
+
+    def watched_run(name, B, ins, *a, **kw):
+        first = ins["past_len"] - ins["tokens"].shape[1] + 1  # [B] the first position the call writes
+        assert (first >= current[-1][:B]).all(), (name, first, current[-1])
+        checked["calls"] += 1
+        return run(name, B, ins, *a, **kw)
+
+    model.propose, eng._run = watched_propose, watched_run
+    return checked
 
 
 def test_a_portable_draft_copies_the_targets_cache(tiny, tmp_path, reference):
@@ -138,6 +169,7 @@ def test_a_portable_draft_copies_the_targets_cache(tiny, tmp_path, reference):
     outs = dec.generate(PROMPTS, NEW, k="auto")
     assert [o.token_ids for o in outs] == reference
     assert any(key[:2] == ("catch_up", "copy") for key in ctl.costs.median)
+
 
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc")
 def test_a_draft_over_the_targets_cache_adds_no_cache_memory(tmp_path):
