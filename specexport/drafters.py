@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .config import PROMPT_LOOKUP
+from .config import PROMPT_LOOKUP, QUANT_PREFIX
 from .errors import SpecExportError
 from .sampling import SamplingRows
 
@@ -91,7 +91,7 @@ class ModelDrafter:
         int8 draft a prefill chunk of the draft cost as much as the fp32 target's (40 ms at batch 1) and delayed
         the first token by a third."""
         mirrors = getattr(self.engine, "mirrors", None)
-        self.kv_source = target if self.name.startswith("quant:") and mirrors is not None and mirrors(target) \
+        self.kv_source = target if self.name.startswith(QUANT_PREFIX) and mirrors is not None and mirrors(target) \
             else None
         self.shares_kv = self.kv_source is not None and self.engine.share_kv(target)
         if getattr(self.engine, "kv_shared", False) and not self.shares_kv:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.layer_spec import format_layers
-from ..models.quant import QUANT_PREFIX
+from ..config import QUANT_PREFIX
 from .manifest import read_manifest
 
 

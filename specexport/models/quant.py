@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import QUANT_PREFIX
 from ..errors import SpecExportError
-
-QUANT_PREFIX = "quant:"
 
 
 @dataclass(frozen=True)
