@@ -205,7 +205,10 @@ def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) 
 
 
 VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-int4": dict(target_quant="int4:b32:sym"),
-                  "se-gguf-fp32act": dict(activations="fp32")}
+                  "se-gguf-fp32act": dict(activations="fp32"),
+                  # the fp32 target with the int8 copy as its draft: the hybrid (lookup + the copy over the
+                  # target's cache), the fastest lossless fp32 mode
+                  "se-fp32-int8": dict(dtype="fp32", draft="quant:int8:b32:sym")}
 
 
 def _current_manifest(out: Path) -> dict | None:
@@ -229,9 +232,10 @@ def _versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
     out = folder / label
     m = _current_manifest(out)
     if m:
-        if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations"), m.get("target_quant")) \
-                == (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations,
-                    cfg.target_quant):
+        draft = m["models"].get("draft", {}).get("source", PROMPT_LOOKUP)
+        if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations"), m.get("target_quant"),
+                draft) == (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations,
+                           cfg.target_quant, cfg.draft):
             return str(out)
     print(f"[bench] building {label} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
     build(cfg, True)

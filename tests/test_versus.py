@@ -11,9 +11,11 @@ def _result():
     systems = [("hf_generate", "fp32", None), ("se-fp32/target-only", "fp32", None),
                ("se-fp32/lookup@auto", "fp32", "se-fp32/target-only"), ("se-gguf/target-only", "4-bit", None),
                ("se-gguf/lookup@auto", "4-bit", "se-gguf/target-only"), ("llama.cpp", "4-bit", None),
-               ("ort-genai-fp32", "fp32", None), ("ort-genai-fp32+ngram4", "fp32", "ort-genai-fp32")]
+               ("ort-genai-fp32", "fp32", None), ("ort-genai-fp32+ngram4", "fp32", "ort-genai-fp32"),
+               ("se-fp32-int8/hybrid@auto", "fp32", "se-fp32/target-only")]
     rates = {"hf_generate": 20, "se-fp32/target-only": 40, "se-fp32/lookup@auto": 80, "se-gguf/target-only": 150,
-             "se-gguf/lookup@auto": 200, "llama.cpp": 100, "ort-genai-fp32": 50, "ort-genai-fp32+ngram4": 40}
+             "se-gguf/lookup@auto": 200, "llama.cpp": 100, "ort-genai-fp32": 50, "ort-genai-fp32+ngram4": 40,
+             "se-fp32-int8/hybrid@auto": 90}
     records = []
     for i, cat in enumerate(["chat", "code_edit"]):
         toks = {n: [1, 2, 3] for n, _, _ in systems}
@@ -32,11 +34,14 @@ def test_summary_ratios_and_fidelity():
     t = {x["target"]: x for x in s["targets"]}
     assert t["fp32 target-only vs ORT GenAI fp32"]["ratio"] == pytest.approx(0.8)
     assert t["4-bit target-only (se-gguf) vs llama.cpp plain"]["ratio"] == pytest.approx(1.5)
-    assert t["fp32 speculative vs ORT GenAI fp32, best mode"]["theirs"] == "ort-genai-fp32"  # its best mode
+    assert t["fp32 speculative (lookup@auto) vs ORT GenAI fp32, best mode"]["theirs"] == "ort-genai-fp32"  # best
+    assert t["fp32 speculative (hybrid@auto) vs ORT GenAI fp32, best mode"]["ratio"] == pytest.approx(1.8)
     assert t["fp32 lookup@auto vs own target-only (min category >= 1.3)"]["min_category"] == pytest.approx(2.0)
+    assert t["fp32 hybrid@auto vs own target-only (min category >= 1.3)"]["ratio"] == pytest.approx(2.25)
     assert s["same_as_hf"]["se-fp32/target-only"] == 2 and s["same_as_hf"]["se-gguf/target-only"] == 0
     assert s["same_as_hf"]["llama.cpp"] == 1
-    assert s["same_as_plain"] == {"se-fp32/lookup@auto": 2, "se-gguf/lookup@auto": 2, "ort-genai-fp32+ngram4": 2}
+    assert s["same_as_plain"] == {"se-fp32/lookup@auto": 2, "se-gguf/lookup@auto": 2, "ort-genai-fp32+ngram4": 2,
+                                  "se-fp32-int8/hybrid@auto": 2}
     md = markdown(_result(), s)
     assert "| se-gguf/target-only | 4-bit |" in md and "| 4-bit target-only (se-gguf) vs llama.cpp plain |" in md
 

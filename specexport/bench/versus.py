@@ -3,6 +3,8 @@
 Systems, grouped by bit width (every system on a prompt before the next prompt, warm-up excluded):
   fp32   hf_generate (transformers fp32 over the dequantized GGUF: the fidelity reference),
          se-fp32 target-only and prompt lookup @auto (the dequantized engine, --dtype fp32),
+         se-fp32-int8 hybrid @auto (the same fp32 target with the quant:int8:b32:sym copy as its draft model:
+         its default drafter, prompt lookup where it matches and the copy elsewhere),
          ort-genai-fp32 plain and +ngram<n> (its model builder's fp32 model from the same GGUF)
   4-bit  se-gguf target-only and prompt lookup @auto (the GGUF's Q4_1/Q8_0 codes as stored, int8 activations),
          se-int4 likewise (--target-quant int4:b32:sym: the dequantized GGUF re-quantized, in the format of
@@ -63,7 +65,12 @@ def build_systems(cfg: VersusConfig, log=print) -> tuple[list[System], object]:
     for label, path in cfg.engines.items():
         dec = SpeculativeDecoder.load(path, max_batch=1, prepack=True, threads=cfg.threads, preload=True)
         base = base or dec
-        group = "fp32" if label == "se-fp32" else "4-bit"
+        group = "fp32" if label.startswith("se-fp32") else "4-bit"
+        if getattr(dec.drafter, "engine", None) is not None:  # a draft model over the same target as `plain`: only its default, the hybrid
+            plain = label.split("-int8")[0] + "/target-only"
+            systems.append(System(f"{label}/hybrid@auto", group, _se(dec, True, "auto", cfg.max_new_tokens),
+                                  plain=plain if plain.split("/")[0] in cfg.engines else None))
+            continue
         systems.append(System(f"{label}/target-only", group, _se(dec, False, None, cfg.max_new_tokens)))
         if label != "se-gguf-fp32act":
             systems.append(System(f"{label}/lookup@auto", group, _se(dec, True, "auto", cfg.max_new_tokens),
@@ -160,19 +167,20 @@ def targets(rate: dict, cats: list[str], names: list[str]) -> list[dict]:
     for label in ("se-gguf", "se-int4"):
         add(f"4-bit target-only ({label}) vs ORT GenAI int4", f"{label}/target-only", ["ort-genai-int4"], 1.0)
         add(f"4-bit target-only ({label}) vs llama.cpp plain", f"{label}/target-only", ["llama.cpp"], 1.5)
-    add("fp32 speculative vs ORT GenAI fp32, best mode", "se-fp32/lookup@auto",
-        [n for n in peers if n.startswith("ort-genai-fp32")], 1.5)
+    for mode in ("se-fp32/lookup@auto", "se-fp32-int8/hybrid@auto"):
+        add(f"fp32 speculative ({mode.split('/')[1]}) vs ORT GenAI fp32, best mode", mode,
+            [n for n in peers if n.startswith("ort-genai-fp32")], 1.5)
     for label in ("se-gguf", "se-int4"):
         add(f"4-bit speculative ({label}) vs ORT GenAI int4, best mode", f"{label}/lookup@auto",
             [n for n in peers if n.startswith("ort-genai-int4")], 1.5)
         add(f"4-bit speculative ({label}) vs llama.cpp, best mode", f"{label}/lookup@auto",
             [n for n in peers if n.startswith("llama.cpp")], 1.5)
-    if "se-fp32/lookup@auto" in a:
-        spec = {c: rate[c]["se-fp32/lookup@auto"] / rate[c]["se-fp32/target-only"] for c in cats}
-        out.append({"target": "fp32 lookup@auto vs own target-only (min category >= 1.3)", "ours":
-                    "se-fp32/lookup@auto", "theirs": "se-fp32/target-only",
-                    "ratio": a["se-fp32/lookup@auto"] / a["se-fp32/target-only"], "goal": 2.0,
-                    "min_category": min(spec.values()) if spec else 0.0})
+    for mode in ("se-fp32/lookup@auto", "se-fp32-int8/hybrid@auto"):  # each engine's default drafter at auto
+        if mode in a and "se-fp32/target-only" in a:
+            spec = {c: rate[c][mode] / rate[c]["se-fp32/target-only"] for c in cats}
+            out.append({"target": f"fp32 {mode.split('/')[1]} vs own target-only (min category >= 1.3)",
+                        "ours": mode, "theirs": "se-fp32/target-only", "ratio": a[mode] / a["se-fp32/target-only"],
+                        "goal": 2.0, "min_category": min(spec.values()) if spec else 0.0})
     return out
 
 
