@@ -184,7 +184,7 @@ def cmd_openai(a) -> int:
 
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
-BENCH_DRAFTS = ("quant:int8:b32:sym", "quant:int4:b32:asym")
+BENCH_DRAFTS = ("quant:int8:b128:asym", "quant:int4:b32:asym")
 
 
 def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) -> str:
@@ -208,7 +208,7 @@ VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-int4": dict(
                   "se-gguf-fp32act": dict(activations="fp32"),
                   # the fp32 target with the int8 copy as its draft: the hybrid (lookup + the copy over the
                   # target's cache), the fastest lossless fp32 mode
-                  "se-fp32-int8": dict(dtype="fp32", draft="quant:int8:b32:sym")}
+                  "se-fp32-int8": dict(dtype="fp32", draft="quant:int8:b128:asym")}
 
 
 def _current_manifest(out: Path) -> dict | None:

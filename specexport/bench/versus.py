@@ -3,7 +3,7 @@
 Systems, grouped by bit width (every system on a prompt before the next prompt, warm-up excluded):
   fp32   hf_generate (transformers fp32 over the dequantized GGUF: the fidelity reference),
          se-fp32 target-only and prompt lookup @auto (the dequantized engine, --dtype fp32),
-         se-fp32-int8 hybrid @auto (the same fp32 target with the quant:int8:b32:sym copy as its draft model:
+         se-fp32-int8 hybrid @auto (the same fp32 target with the quant:int8:b128:asym copy as its draft model:
          its default drafter, prompt lookup where it matches and the copy elsewhere),
          ort-genai-fp32 plain and +ngram<n> (its model builder's fp32 model from the same GGUF)
   4-bit  se-gguf target-only and prompt lookup @auto (the GGUF's Q4_1/Q8_0 codes as stored, int8 activations),
