@@ -32,7 +32,8 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
              prefill chunks, each measured per call (chunks also at admission); for a quantized copy of the
              target whose cache mirrors the target's, a copy of the target's cache rows (measured per row-position),
-             and none for a fused one, which runs over the target's cache (drafters.ModelDrafter.link_kv)
+             and none for a fused draft of the target's own layers (`quant:` or `layers:`), which runs over the
+             target's cache (drafters.ModelDrafter.link_kv)
 Rule
   Prompt lookup (proposals cost no pass): propose first, then verify the width j in {0} + built ks (rows
     truncated to j; a row verifies at most the smallest k from a source it has no evidence for yet) that

@@ -60,7 +60,7 @@ class Drafter(Protocol):
 
 class ModelDrafter:
     """A smaller model with the target's vocabulary, over static KV buffers (an Engine): its own, or the target's
-    (a fused quantized copy on ONNX Runtime's CPU provider: link_kv).
+    (a fused draft of the target's own layers, `quant:` or `layers:`, on ONNX Runtime's CPU provider: link_kv).
 
     Its cache mirrors the target's positions. Over its own cache, each step its draft graph re-reads the last two
     committed tokens (positions past_len-1, past_len): that fills the one position it may not have seen
@@ -97,19 +97,20 @@ class ModelDrafter:
         the first token by a third."""
         mirrors = getattr(self.engine, "mirrors", None)
         own_layers = self.name.startswith((QUANT_PREFIX, LAYERS_PREFIX))
-        self.kv_source = target if own_layers and mirrors is not None and mirrors(target) else None
-        self.shares_kv = self.kv_source is not None and self.engine.share_kv(target)
-        if self.name.startswith(LAYERS_PREFIX) and not self.shares_kv:
-            self.kv_source = None  # (its cache is its own: its later layers' keys and values are not the target's)
-        if getattr(self.engine, "kv_shared", False) and not self.shares_kv:
+        source = target if own_layers and mirrors is not None and mirrors(target) else None
+        shares = source is not None and self.engine.share_kv(target)
+        if getattr(self.engine, "kv_shared", False) and not shares:  # (before any state changes: the draft stays
             raise SpecExportError(f"the {self.name} draft already runs over another target's cache: open the engine "
-                                  "again to pair it with this target")
-        return self.kv_source is not None
+                                  "again to pair it with this target")  # linked to the target it runs over)
+        if self.name.startswith(LAYERS_PREFIX) and not shares:
+            source = None  # (its cache is its own: its later layers' keys and values are not the target's)
+        self.kv_source, self.shares_kv = source, shares
+        return source is not None
 
     def seed(self, rows: list[int], starts: list[int], ends: list[int]) -> None:
         """Positions starts[i]..ends[i]-1 of cache row rows[i]: the target's keys and values (link_kv; nothing to
         do where the caches are the target's own)."""
-        if self.shares_kv:
+        if getattr(self.engine, "kv_shared", False):
             return
         for b, start, end in zip(rows, starts, ends):
             if end > start:
@@ -137,7 +138,7 @@ class ModelDrafter:
 
 def _no_committed_writes(d: ModelDrafter) -> None:
     """A draft over the target's caches must never write a committed position (the target's tokens would change)."""
-    if d.shares_kv:
+    if getattr(d.engine, "kv_shared", False):
         raise RuntimeError(f"the {d.name} draft runs over the target's cache: it has nothing to prefill or catch up")
 
 

@@ -33,7 +33,7 @@ class SpeculativeDecoder:
         self.source = source  # the target checkpoint (or engine folder) this decoder runs
         self.target = target
         self.drafter = drafter
-        if drafter is not None and hasattr(drafter, "link_kv"):  # a quantized copy reads the target's cache
+        if drafter is not None and hasattr(drafter, "link_kv"):  # a draft of the target's layers reads its cache
             drafter.link_kv(target)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)

@@ -64,7 +64,8 @@ def main(argv=None) -> int:
                 for j in order:
                     o = decs[m][j].generate(ids, a.max_new_tokens, **runs[m])[0]
                     r = res[(m, j)]
-                    r["rate"].setdefault(p["id"], []).append((len(o.token_ids) - 1) / o.stats.decode_s)
+                    if o.stats.decode_rate > 0:  # (none when it stopped at the first token)
+                        r["rate"].setdefault(p["id"], []).append(o.stats.decode_rate)
                     r["acc"] += o.stats.accepted
                     r["rej"] += o.stats.rejected
                     r["same"] += o.token_ids == want
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
         for j, e in enumerate(engines):
             r = res[(m, j)]
             rate = geomean(median(v) for v in r["rate"].values())
-            ratio = geomean(median(r["rate"][k]) / median(ref[k]) for k in ref)
+            ratio = geomean(median(r["rate"][k]) / median(ref[k]) for k in ref if k in r["rate"])
             costs = {f"{kind}{n}": round(v * 1e3, 2) for (kind, n, b), v in decs[m][j].autok().costs.median.items()
                      if b == 1 and kind in ("verify", "draft")}
             print(f"{m:5s} {e}: {rate:.1f} tok/s, x{ratio:.3f} the first, acceptance MLE "

@@ -16,8 +16,9 @@
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D], over one anonymous
   memory map per engine (resident as positions are written); a call with batch B binds rows 0..B-1 as both
   the graph's cache input and its cache output, so ONNX Runtime writes the new keys and values in place
-  (ScatterElements skips its copy when input and output are one buffer). A fused quantized copy of the target
-  runs over the target's buffers and has none of its own (share_kv; drafters.ModelDrafter.link_kv).
+  (ScatterElements skips its copy when input and output are one buffer). A fused draft of the target's own
+  layers (a quantized copy, or a `layers:` draft over the buffers of the target layers it keeps) runs over the
+  target's buffers and has none of its own (share_kv; drafters.ModelDrafter.link_kv).
 - Per (graph, batch) one IOBinding, made on first use: outputs bound to preallocated buffers, inputs copied
   into preallocated OrtValues (`update_inplace`), so a step allocates nothing of its own.
 - Graph sets: "portable" (standard ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py; the build's

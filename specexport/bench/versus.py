@@ -28,6 +28,9 @@ from ..errors import SpecExportError
 from .report import geomean
 
 
+SAME_TARGET = {"se-fp32-int8": "se-fp32"}  # an engine with a draft model -> the engine of the same target
+
+
 @dataclass
 class VersusConfig:
     prompts: str
@@ -66,10 +69,10 @@ def build_systems(cfg: VersusConfig, log=print) -> tuple[list[System], object]:
         dec = SpeculativeDecoder.load(path, max_batch=1, prepack=True, threads=cfg.threads, preload=True)
         base = base or dec
         group = "fp32" if label.startswith("se-fp32") else "4-bit"
-        if getattr(dec.drafter, "engine", None) is not None:  # a draft model over the same target as `plain`: only its default, the hybrid
-            plain = label.split("-int8")[0] + "/target-only"
+        if getattr(dec.drafter, "engine", None) is not None:  # a draft model: only its default drafter, the hybrid
+            plain = SAME_TARGET.get(label)  # the engine with the same target (its target-only tokens)
             systems.append(System(f"{label}/hybrid@auto", group, _se(dec, True, "auto", cfg.max_new_tokens),
-                                  plain=plain if plain.split("/")[0] in cfg.engines else None))
+                                  plain=f"{plain}/target-only" if plain in cfg.engines else None))
             continue
         systems.append(System(f"{label}/target-only", group, _se(dec, False, None, cfg.max_new_tokens)))
         if label != "se-gguf-fp32act":
