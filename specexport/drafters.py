@@ -73,7 +73,11 @@ class ModelDrafter:
         self.engine = engine
         self.name = name
         self.kv_source = None  # the target engine, where its KV can stand for this draft's (see link_kv)
-        self.shares_kv = False  # the draft reads and writes the target's caches: it never lags (see link_kv)
+
+    @property
+    def shares_kv(self) -> bool:
+        """The draft reads and writes the target's caches: it never lags (see link_kv)."""
+        return getattr(self.engine, "kv_shared", False)
 
     def link_kv(self, target) -> bool:
         """A draft made of the target's own layers, a quantized copy (`quant:...`) or the target with fewer
@@ -99,18 +103,18 @@ class ModelDrafter:
         own_layers = self.name.startswith((QUANT_PREFIX, LAYERS_PREFIX))
         source = target if own_layers and mirrors is not None and mirrors(target) else None
         shares = source is not None and self.engine.share_kv(target)
-        if getattr(self.engine, "kv_shared", False) and not shares:  # (before any state changes: the draft stays
+        if self.shares_kv and not shares:  # (before any state changes: it stays linked to the target it runs over)
             raise SpecExportError(f"the {self.name} draft already runs over another target's cache: open the engine "
-                                  "again to pair it with this target")  # linked to the target it runs over)
+                                  "again to pair it with this target")
         if self.name.startswith(LAYERS_PREFIX) and not shares:
             source = None  # (its cache is its own: its later layers' keys and values are not the target's)
-        self.kv_source, self.shares_kv = source, shares
+        self.kv_source = source
         return source is not None
 
     def seed(self, rows: list[int], starts: list[int], ends: list[int]) -> None:
         """Positions starts[i]..ends[i]-1 of cache row rows[i]: the target's keys and values (link_kv; nothing to
         do where the caches are the target's own)."""
-        if getattr(self.engine, "kv_shared", False):
+        if self.shares_kv:
             return
         for b, start, end in zip(rows, starts, ends):
             if end > start:
@@ -138,7 +142,7 @@ class ModelDrafter:
 
 def _no_committed_writes(d: ModelDrafter) -> None:
     """A draft over the target's caches must never write a committed position (the target's tokens would change)."""
-    if getattr(d.engine, "kv_shared", False):
+    if d.shares_kv:
         raise RuntimeError(f"the {d.name} draft runs over the target's cache: it has nothing to prefill or catch up")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from statistics import median
@@ -26,13 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specexport import SpeculativeDecoder  # noqa: E402
+from specexport.bench.report import geomean  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "bench" / "prompts.jsonl"
-
-
-def geomean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def main(argv=None) -> int:
