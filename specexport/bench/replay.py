@@ -1,0 +1,263 @@
+"""Replay `k="auto"` offline: batch 1, greedy, over recorded target outputs and draft proposals and measured step
+costs, so that rules for autok.py are compared without the machine's noise (a 2-core VM's per-prompt A/A ratios
+spread by +-10%; a replay is exact, and noise can be added back with a known size).
+
+Why it is exact at greedy: the committed tokens do not depend on the drafter or on k (that is the lossless
+contract), so one target-only decode per prompt fixes every step's outcome. Prompt lookup's proposal at a position
+is a function of the tokens before it; a draft model's proposal is a function of the committed tokens (its cache
+holds only committed positions, or is the target's), recorded at every position by a target-only decode that
+asks the drafter before each step (`record`). A replayed step then accepts the matching prefix of its proposal and
+costs its measured time, in units of a target-only step c0 (times 1 + noise x N(0, 1) when asked), and the AutoK
+controller sees what batch.Batch.step shows it at batch 1: the same plan / width / free_beats_model /
+lookup_row_beats_model calls and observe_row / observe_costs observations, in the same order.
+
+Trace (json): {"costs": {"verify": {"j": c(j) / c0}, "draft": d / c0}, "ks": [...], "prompts": [{"id",
+"category", "prompt": [ids], "out": [ids], "model": {"i": [K draft tokens]}}]}, where i counts the new tokens
+committed before the step (the first comes from prefill).
+Not modelled: batches > 1, sampling, a draft model's catch-up (the traces' drafts run over the target's cache),
+and the slower target-only step right after a verify (`switch` adds one, in c0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..autok import AutoK, RowState
+from ..drafters import PromptLookupDrafter
+
+KINDS = ("lookup", "model", "hybrid")
+
+
+def matched(draft: list[int], out: list[int]) -> int:
+    """How many leading draft tokens equal the target's (greedy acceptance)."""
+    n = 0
+    for a, b in zip(draft, out):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Step:
+    kd: int  # verify width run (0: target-only)
+    passes: int  # draft-model passes (0: none ran)
+    proposed: int  # draft tokens verified
+    accepted: int
+    source: int  # lookup's n-gram length, 0 for the model
+
+
+@dataclass
+class Replay:
+    """One trace's prompts replayed with one drafter kind; policy = a fixed k or "auto" (one AutoK over all the
+    prompts, in order, as one decoder serves them)."""
+
+    trace: dict
+    kind: str = "lookup"
+    min_match: int = 2  # the hybrid takes lookup's proposal from this n-gram length (config.DecoderConfig)
+    ngram: tuple[int, int] = (1, 3)
+    noise: float = 0.0
+    switch: float = 0.0
+    seed: int = 0
+    ks: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self):
+        assert self.kind in KINDS, self.kind
+        self.ks = tuple(sorted(self.trace["ks"]))
+        self.cost = {int(j): c for j, c in self.trace["costs"]["verify"].items()}
+        self.cost[0] = 1.0
+        self.d = self.trace["costs"].get("draft")
+        if self.kind != "lookup":
+            assert self.d is not None and all("model" in p for p in self.trace["prompts"]), \
+                "a model or hybrid replay needs a trace recorded from an engine with a draft model"
+        self.lookup = PromptLookupDrafter(*self.ngram)
+
+    def controller(self, **overrides) -> AutoK:
+        return AutoK(self.ks, free_drafts=self.kind == "lookup", **overrides)
+
+    def run(self, prompt: dict, policy, auto: AutoK | None = None, rng=None) -> tuple[float, list[Step]]:
+        """-> (decode rate / target-only's, the steps)."""
+        ids, out, model = prompt["prompt"], prompt["out"], prompt.get("model", {})
+        K, i, t, steps, row = max(self.ks), 1, 0.0, [], RowState()
+        last = 0
+        while i < len(out):
+            ld, src = [], 0
+            if self.kind != "model":
+                found, src = self.lookup.lookup(np.array(ids + out[:i], dtype=np.int64), K)
+                ld = found.tolist()
+            md = model.get(str(i), [])
+            use = self.kind == "lookup" or (self.kind == "hybrid" and src >= self.min_match)
+            shadow = unused = None
+            if auto is not None:
+                if self.kind == "hybrid" and use and not auto.free_beats_model(1, [row], [len(ld)], [src], 0):
+                    use = False
+                free = use if self.kind == "hybrid" else None
+                k = auto.plan(1, [row], 0, free)
+                if self.kind == "hybrid" and not k and ld and not auto.refreshing \
+                        and auto.verify_cost(0, 1) is not None:
+                    free, k = True, K  # the model does not pay: lookup alone (batch.py)
+                free = auto.free_drafts if free is None else free
+            else:
+                k, free = policy, use
+            ran, prop, source = False, [], 0
+            if k:
+                if free:
+                    prop, source = ld[:k], src
+                else:
+                    if self.kind == "hybrid" and auto is not None:
+                        use = use and auto.lookup_row_beats_model(row, src, len(ld), k)
+                    if self.kind == "hybrid" and use:
+                        prop, source = ld[:k], src
+                    else:
+                        prop = md[:k]
+                        unused = ld if self.kind == "hybrid" and auto is not None and ld else None
+                    ran = True
+                L = len(prop)
+                if auto is not None and not ran and L:  # free proposals: choose what to verify
+                    capped = min(L, auto.cap(row, source))
+                    j = auto.width(1, [row], [capped], [source])
+                    shadow, L = (prop[0], 0) if j == 0 else (None, min(capped, j))
+            else:
+                L = 0
+                if ld and auto is not None and self.kind == "hybrid":
+                    shadow, source = ld[0], src
+            kd = min(kk for kk in self.ks if kk >= L) if L else 0
+            n = min(matched(prop[:L], out[i:]), len(out) - i - 1) if L else 0
+            noise = (lambda: max(1 + rng.normal() * self.noise, 0.1)) if rng is not None else (lambda: 1.0)
+            vt = self.cost[kd] * noise() + (self.switch if kd == 0 and last else 0.0)
+            dt = k * self.d * noise() if ran else 0.0
+            if auto is not None:
+                if L:
+                    auto.observe_row(row, source, n, n < L)
+                elif shadow is not None:
+                    hit = shadow == out[i]
+                    auto.observe_row(row, source, int(hit), not hit)
+                if unused:
+                    toks = out[i:i + n + 1]
+                    m = matched(unused, toks)
+                    auto.observe_row(row, src, m, m < min(len(unused), len(toks)))
+                auto.observe_costs(1, kd, vt, k if ran else 0, dt)
+                auto.end_step(k if ran or self.kind != "hybrid" else 0, [row])
+            steps.append(Step(kd, k if ran else 0, L, n, source))
+            t += vt + dt
+            i += n + 1
+            last = kd
+        return (len(out) - 1) / t, steps  # target-only: len(out) - 1 steps of c0 = 1
+
+    def compare(self, **overrides) -> dict:
+        """Every prompt at each fixed k and at auto -> per-prompt ratios to target-only and the summary."""
+        rng = np.random.default_rng(self.seed) if self.noise else None
+        auto = self.controller(**overrides)
+        rows = []
+        for p in self.trace["prompts"]:
+            r = {"id": p["id"], "steps": None}
+            for pol in (*self.ks, "auto"):
+                rate, steps = self.run(p, pol, auto if pol == "auto" else None, rng)
+                r[pol] = rate
+                if pol == "auto":
+                    r["steps"] = steps
+            rows.append(r)
+        return summarize(rows, self.ks)
+
+
+def summarize(rows: list[dict], ks: tuple[int, ...]) -> dict:
+    def gm(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+    fixed = {k: gm([r[k] for r in rows]) for k in ks}
+    single = max(fixed, key=fixed.get)
+    return {"rows": rows, "min_auto": min(r["auto"] for r in rows),
+            "worst": min(rows, key=lambda r: r["auto"])["id"],
+            "auto": gm([r["auto"] for r in rows]), "fixed": fixed,
+            "auto_vs_best": gm([r["auto"] / max(1.0, *(r[k] for k in ks)) for r in rows]),
+            "auto_vs_single": gm([r["auto"] / max(1.0, r[single]) for r in rows]), "single_k": single}
+
+
+def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack: bool | None = None,
+           threads: int | None = None, chat: bool = True, log=print) -> dict:
+    """A trace from an engine (ONNX Runtime, batch 1): each prompt's target-only greedy tokens and, with a draft
+    model, its K-token proposal before every step; then c(j) / c0 for every built k (verify calls at one context
+    length, medians over three rounds) and the draft pass d / c0 (the median K-token proposal / K)."""
+    import time
+
+    from ..batch import Batch
+    from ..drafters import DraftInputs, HybridDrafter
+    from ..runtime import SpeculativeDecoder
+    opts = dict(max_batch=1, preload=True)
+    if prepack is not None:
+        opts["prepack"] = prepack
+    if threads:
+        opts["threads"] = threads
+    dec = SpeculativeDecoder.load(engine, **opts)
+    d = dec.drafter
+    model = d.model if isinstance(d, HybridDrafter) else (d if getattr(d, "engine", None) is not None else None)
+    ks = dec.built_ks()
+    K = max(ks)
+    chat = chat and bool(getattr(dec.tokenizer, "chat_template", None))
+    passes: list[float] = []
+
+    class Recorder(Batch):
+        """Target-only steps; before each, the draft model's K-token proposal from the committed tokens."""
+        def _plan_k(self, rows, B, free=False):
+            return 0
+
+        def step(self):
+            if model is not None:
+                if not getattr(model, "shares_kv", False):
+                    self._catch_up_draft([0], 1)  # its own cache: every committed position but the current one
+                x = DraftInputs(np.stack([self.prev[:1], self.current[:1]], 1), self.past_len[:1],
+                                int(self.past_len[0]) + K + 1, self.history[:1], self.lengths[:1], None,
+                                np.zeros((1, K), np.float32))
+                t = time.perf_counter()
+                prop = model.propose(x, K)
+                passes.append((time.perf_counter() - t) / K)
+                self.proposals[str(self.lengths[0] - self.prompt_len)] = prop.draft[0, :int(prop.draft_len[0])].tolist()
+            return super().step()
+
+    warm = dec.encode("Say hello in one short sentence." if dec.tokenizer is not None else prompts[0]["prompt"], chat)
+    out = []
+    for p in [{"id": "warm-up", "prompt": None}] + list(prompts):
+        ids = warm if p["prompt"] is None else dec.encode(p["prompt"], chat=chat)
+        reqs = dec._prepare([ids], max_new_tokens if p["prompt"] is not None else 8, None, False, ())
+        batch = Recorder(dec, model is not None, K)
+        batch.proposals, batch.prompt_len = {}, len(ids)
+        batch.admit([0], reqs)
+        while batch.rows():
+            batch.step()
+        if p["prompt"] is None:
+            passes.clear()
+            continue
+        out.append({"id": p["id"], "category": p.get("category", ""), "prompt": list(map(int, ids)),
+                    "out": list(map(int, reqs[0].out))} | ({"model": batch.proposals} if model else {}))
+        log(f"[record] {p['id']}: {len(reqs[0].out)} tokens")
+    verify = _verify_costs(dec, ks)
+    c0 = verify.pop("c0")
+    costs = {"verify": verify, "c0_s": c0}
+    if model is not None:
+        costs["draft"] = round(float(np.median(passes)) / c0, 4)
+    log(f"[record] costs (x a target-only step): verify {costs['verify']}" +
+        (f", draft pass {costs['draft']:.3f}" if model is not None else ""))
+    return {"engine": engine, "ks": list(ks), "drafter": getattr(d, "name", None), "costs": costs, "prompts": out}
+
+
+def _verify_costs(dec, ks: tuple[int, ...], past: int = 256, calls: int = 15) -> dict:
+    """c(j) / c0 for j in ks, from verify calls at `past` cached positions (medians of three interleaved rounds;
+    the first 3 calls of each are dropped); also "c0" in seconds."""
+    import time
+    t = dec.target
+    past = min(past, dec.config.cache_len - max(ks) - 2)
+    res: dict[int, list[float]] = {}
+    for _ in range(3):
+        for kd in (0, *ks):
+            toks = np.full((1, kd + 1), 1, dtype=np.int64)
+            xs = []
+            for _ in range(calls):
+                a = time.perf_counter()
+                t.verify(toks, np.array([kd]), np.array([past]), past + kd + 1, kd, None,
+                         np.zeros((1, kd + 1), np.float32), None)
+                xs.append(time.perf_counter() - a)
+            res.setdefault(kd, []).append(float(np.median(xs[3:])))
+    c = {kd: float(np.median(v)) for kd, v in res.items()}
+    return {**{str(kd): round(c[kd] / c[0], 4) for kd in ks}, "c0": c[0]}

@@ -1,0 +1,70 @@
+"""bench/replay.py: k="auto" replayed over recorded greedy outputs and proposals (tools/autok_replay.py)."""
+
+import json
+
+import pytest
+
+from specexport import SpeculativeDecoder
+from specexport.bench.replay import Replay, record
+
+COSTS = {"verify": {"2": 1.1, "4": 1.2, "8": 1.4}, "draft": 0.4}
+
+
+def _trace(prompts, model=None):
+    return {"ks": [2, 4, 8], "costs": dict(COSTS),
+            "prompts": [{"id": f"p{i}", "prompt": p, "out": o} | ({"model": model[i]} if model else {})
+                        for i, (p, o) in enumerate(prompts)]}
+
+
+def _tokens(steps):
+    return sum(s.accepted + 1 for s in steps)
+
+
+def test_nothing_matches_replays_as_target_only():
+    out = list(range(100, 160))  # no token repeats: prompt lookup never proposes
+    s = Replay(_trace([(list(range(1, 20)), out)]), "lookup").compare()
+    row = s["rows"][0]
+    assert row["auto"] == pytest.approx(1.0) and all(row[k] == pytest.approx(1.0) for k in (2, 4, 8))
+    assert all(st.kd == 0 for st in row["steps"]) and _tokens(row["steps"]) == len(out) - 1
+
+
+def test_a_copied_prompt_is_verified_wide_and_every_token_is_counted_once():
+    text = list(range(1, 121))
+    out = text[:]  # the output copies the prompt: lookup's 1-gram finds every next token
+    rp = Replay(_trace([(text, out)] * 3), "lookup")
+    s = rp.compare()
+    for row in s["rows"]:
+        assert _tokens(row["steps"]) == len(out) - 1
+        assert row[8] > row[4] > row[2] > 1.0
+    last = s["rows"][-1]
+    assert last["auto"] > 0.9 * last[8]  # by the third request auto verifies at the widest k
+    assert max(st.kd for st in last["steps"]) == 8
+
+
+def test_a_draft_model_that_is_always_right_settles_on_its_best_k():
+    out = list(range(100, 300))
+    model = {str(i): out[i:i + 8] for i in range(len(out))}  # every proposal is the target's next 8 tokens
+    s = Replay(_trace([(list(range(1, 10)), out)] * 3, [model] * 3), "model").compare()
+    best = max((2, 4, 8), key=lambda k: (k + 1) / (k * COSTS["draft"] + COSTS["verify"][str(k)]))
+    assert max(s["fixed"], key=s["fixed"].get) == best
+    assert s["rows"][-1]["auto"] > 0.95 * s["rows"][-1][best]
+
+
+def test_record_matches_the_runtime_and_replays_every_kind(engines, tmp_path):
+    """The trace's outputs are the engine's target-only tokens; a fixed-k model replay over its proposals takes
+    the steps a real decode at that k takes (greedy: the same proposals at the same positions)."""
+    path = engines["llama"]
+    prompts = [{"id": "a", "prompt": [3, 17, 5, 9, 11]}, {"id": "b", "prompt": [8, 8, 2, 40, 6, 7, 1]}]
+    trace = record(path, prompts, max_new_tokens=20, chat=False, log=lambda *a: None)
+    json.dumps(trace)  # (it is written as json)
+    assert trace["ks"] == [1, 3] and set(trace["costs"]) >= {"verify", "draft"}
+    dec = SpeculativeDecoder.load(path, max_batch=1, drafter="model")
+    for p, t in zip(prompts, trace["prompts"]):
+        base = dec.generate(p["prompt"], max_new_tokens=20, speculative=False)[0]
+        assert t["out"] == base.token_ids
+        spec = dec.generate(p["prompt"], max_new_tokens=20, speculative=True, k=3)[0]
+        rate, steps = Replay(trace, "model").run(t, 3)
+        assert sorted(s.accepted for s in steps) == [n for n, c in enumerate(spec.stats.accept_hist) for _ in range(c)]
+    for kind in ("lookup", "model", "hybrid"):
+        s = Replay(trace, kind).compare()
+        assert s["min_auto"] > 0 and set(s["fixed"]) == {1, 3}
