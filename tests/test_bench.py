@@ -63,6 +63,10 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     assert [r["id"] for r in auto["rows"]] == ["copy-3", "other-40"]
     assert auto["min_over_target_only"] == min(r["auto_over_target_only"] for r in auto["rows"]) > 0
     assert auto["geomean_over_best_fixed"] > 0 and auto["rows"][0]["best_fixed"].startswith("prompt-lookup@k")
+    # the one fixed k a deployment could have fixed (the best geometric mean over prompts)
+    single = auto["best_single_fixed"]
+    assert single in auto["rows"][0]["auto_over_fixed"] and auto["geomean_over_best_single_fixed"] > 0
+    assert "geomean auto / best single k" in md
     assert "min auto / target-only" in md and "| copy-3 | copy |" in md
     assert s["auto"]["target_only_again"]["min_over_target_only"] > 0  # the A/A control row
 

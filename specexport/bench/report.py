@@ -13,6 +13,8 @@ Per prompt and speculative mode (terms as in autok.py):
 Per prompt and drafter with an auto row (`auto_vs_fixed`, decode rates, prefill excluded):
   auto / target-only   k="auto" over target-only on the same prompt: autok.py's guarantee is >= 0.97 on every one
   auto / best fixed k  over the fastest fixed k on that prompt (an oracle choice, so noise favours it)
+  auto / best single k over the one fixed k with the best geometric mean over all prompts (what a deployment
+                       that fixes k could pick, after the fact)
   auto / oracle        over the faster of target-only and the best fixed k
 """
 
@@ -166,7 +168,9 @@ def auto_vs_fixed(result: dict) -> dict:
                 best = max(fixed, key=lambda n: _median(rates(n)))
                 pays = _median(rates(best)) > _median(rates("target_only"))
                 row.update(best_fixed=best, auto_over_best_fixed=ratio(auto_name, best),
-                           auto_over_oracle=ratio(auto_name, best if pays else "target_only"), speculation_pays=pays)
+                           auto_over_oracle=ratio(auto_name, best if pays else "target_only"), speculation_pays=pays,
+                           fixed_over_target_only={n: ratio(n, "target_only") for n in fixed},
+                           auto_over_fixed={n: ratio(auto_name, n) for n in fixed})
             rows.append(row)
         if not rows:
             continue
@@ -179,6 +183,9 @@ def auto_vs_fixed(result: dict) -> dict:
                         geomean_over_oracle=geomean([x["auto_over_oracle"] for x in rows]),
                         geomean_over_best_fixed_where_it_pays=geomean([x["auto_over_best_fixed"] for x in pays]),
                         prompts_where_it_pays=len(pays))
+            single = max(fixed, key=lambda n: geomean([x["fixed_over_target_only"][n] for x in rows]))
+            cell.update(best_single_fixed=single,
+                        geomean_over_best_single_fixed=geomean([x["auto_over_fixed"][single] for x in rows]))
         out[auto_name] = cell
     return out
 
@@ -234,13 +241,15 @@ def _auto_lines(auto: dict) -> list[str]:
     lines = ["## k=auto per prompt (decode rates, prefill excluded)", "",
              f"{CONTROL} is the A/A control: target-only against itself, the noise floor of these ratios.", "",
              "| auto mode | min auto / target-only (prompt) | geomean auto / target-only | geomean auto / best fixed k "
-             "| ... where speculation pays (prompts) | geomean auto / oracle |", "|---|---|---|---|---|---|"]
+             "| ... where speculation pays (prompts) | geomean auto / oracle | geomean auto / best single k |",
+             "|---|---|---|---|---|---|---|"]
     for m, c in auto.items():
         if "geomean_over_best_fixed" in c:
             fixed = (f"{c['geomean_over_best_fixed']:.3f} | {c['geomean_over_best_fixed_where_it_pays']:.3f} "
-                     f"({c['prompts_where_it_pays']}) | {c['geomean_over_oracle']:.3f}")
+                     f"({c['prompts_where_it_pays']}) | {c['geomean_over_oracle']:.3f} | "
+                     f"{c['geomean_over_best_single_fixed']:.3f} ({c['best_single_fixed'].split('@')[1]})")
         else:
-            fixed = "- | - | -"
+            fixed = "- | - | - | -"
         lines.append(f"| {m} | {c['min_over_target_only']:.3f} ({c['min_prompt']}) | "
                      f"{c['geomean_over_target_only']:.3f} | {fixed} |")
     names = list(auto)
