@@ -12,17 +12,11 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              x 16 / (16 + its trials). It starts from the other requests, then follows its own. A draft
              model's acceptance varies less between requests than lookup's, and with a weak prior one early
              rejection (3 trials: 0.69 against 0.98 over all requests) turned a good draft off for the rest
-             of its request. Lookup's verify decisions use a lower confidence bound (less z_j standard
-             errors over the effective trials): its evidence is mostly one-token shadow checks, a short
-             memory of them is noisy, and acting on its highs is a loss. z_j = `z` (0.4) + `z_loss` (0.25)
-             x (c(j, B) / c(0, B) - 1): the more target steps a verify whose first token fails would waste,
-             the surer it must be (pre-packed, k = 2 costs about one step: 0.4; without pre-packing a k = 8
-             verify costs 2.3 steps: 0.73). With pre-packed verifies a full standard error was too timid
-             (alternating A/B, 24 prompts x 2: auto / best fixed k 0.95 -> 0.98, worst prompt / target-only
-             0.97 -> 0.99); a flat 0.5 let thin evidence verify 4-8 wide without pre-packing (replayed with
-             10% cost noise over 5 seeds, tools/autok_replay.py: lowest prompt 0.957 and 0.961 on two prompt
-             sets, worst seed 0.920 and 0.926; with z_j 0.972 and 0.975, worst 0.967 and 0.963, geomeans
-             within 0.7%, pre-packed ones within 0.5%). A draft model's evidence is k tokens per
+             of its request. Lookup's verify decisions use a lower confidence bound (less `z` = 0.5
+             standard errors over the effective trials): its evidence is mostly one-token shadow checks, a
+             short memory of them is noisy, and acting on its highs is a loss. With pre-packed verifies a
+             full standard error was too timid (alternating A/B, 24 prompts x 2: auto / best fixed k 0.95
+             -> 0.98, worst prompt / target-only 0.97 -> 0.99). A draft model's evidence is k tokens per
              step and its pay-off needs high acceptance: it uses the point estimate (with the bound, one
              rejection turned a 1.5x draft off), and while that says no, the upper bound (+ `z_upper` = 1
              standard error over every trial of the request and its prior) keeps the smallest k drafting:
@@ -199,8 +193,7 @@ class AutoK:
     row_by_row: bool = False  # the engine verifies a batch one row at a time (cost grows with B)
     compute_bound: bool = True  # a batched verify's extra rows cost what they did at another batch (a CPU)
     decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials
-    z: float = 0.4  # lookup decisions use the acceptance estimate less z standard errors ...
-    z_loss: float = 0.25  # ... plus z_loss per target step a verify costs beyond a target-only step (z_for)
+    z: float = 0.5  # lookup decisions use the acceptance estimate less z standard errors
     z_upper: float = 1.0  # a draft model keeps learning at the smallest k while its estimate + z_upper SE pays
     prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request (prompt lookup)
     model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
@@ -248,18 +241,11 @@ class AutoK:
         w = self._prior_weight(source, acc.trials)
         return (acc.accepted + w * self.prior(source)) / (acc.evidence + w)
 
-    def confident(self, row: RowState, source: int = 0, z: float | None = None) -> float:
+    def confident(self, row: RowState, source: int = 0) -> float:
         """What decisions use: the estimate less `z` standard errors over its effective trials. A short memory
         is noisy, and acting on its highs (a verify right after two lucky matches) is a systematic loss."""
         a, acc = self.acceptance(row, source), row.get(source)
-        z = self.z if z is None else z
-        return max(a - z * _stderr(a, acc.evidence + self._prior_weight(source, acc.trials)), 0.0)
-
-    def z_for(self, j: int, B: int) -> float:
-        """The standard errors a lookup verify of width j is judged at: `z`, plus `z_loss` per target step that
-        verifying at j costs beyond a target-only step (what a verify whose first token fails wastes)."""
-        c0, cj = self.verify_cost(0, B), self.verify_cost(j, B)
-        return self.z + self.z_loss * max(cj / c0 - 1.0, 0.0) if j and c0 else self.z
+        return max(a - self.z * _stderr(a, acc.evidence + self._prior_weight(source, acc.trials)), 0.0)
 
     def upper(self, row: RowState, source: int = 0) -> float:
         """The estimate plus `z_upper` standard errors over every trial the request has shown (undecayed) and its
@@ -417,8 +403,8 @@ class AutoK:
         if c0 is None or not any(lens):
             return 0
         best, best_rate = 0, (1 + self.margin) * len(rows) / c0
+        a = [self.confident(r, s) for r, s in zip(rows, sources)]
         for j in sorted(self.ks):
-            a = [self.confident(r, s, self.z_for(j, B)) for r, s in zip(rows, sources)]
             rate = self._lookup_rate(B, a, lens, j)
             if rate > best_rate:
                 best, best_rate = j, rate
@@ -432,10 +418,8 @@ class AutoK:
         c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
         if c0 is None or d is None:
             return True
-        free = len(rows) / c0
-        for j in self.ks:
-            a = [self.confident(r, s, self.z_for(j, B)) for r, s in zip(rows, sources)]
-            free = max(free, self._lookup_rate(B, a, lens, j))
+        a = [self.confident(r, s) for r, s in zip(rows, sources)]
+        free = max([len(rows) / c0] + [self._lookup_rate(B, a, lens, j) for j in self.ks])
         catch_up = self.catch_up(missing, B)[0]
         return free >= max(self._model_rate(B, rows, k, catch_up) for k in self.ks)
 
