@@ -1,6 +1,7 @@
 """bench/replay.py: k="auto" replayed over recorded greedy outputs and proposals (tools/autok_replay.py)."""
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -51,20 +52,27 @@ def test_a_draft_model_that_is_always_right_settles_on_its_best_k():
 
 
 def test_record_matches_the_runtime_and_replays_every_kind(engines, tmp_path):
-    """The trace's outputs are the engine's target-only tokens; a fixed-k model replay over its proposals takes
-    the steps a real decode at that k takes (greedy: the same proposals at the same positions)."""
+    """The trace's outputs are the engine's target-only tokens, and a fixed-k replay of the draft model or of prompt
+    lookup takes the steps a real decode at that k takes (greedy: the same proposals at the same positions), but
+    for the last one, where the real verify may accept past the request's end."""
     path = engines["llama"]
-    prompts = [{"id": "a", "prompt": [3, 17, 5, 9, 11]}, {"id": "b", "prompt": [8, 8, 2, 40, 6, 7, 1]}]
+    prompts = [{"id": "a", "prompt": [3, 17, 5, 9, 11]}, {"id": "b", "prompt": [8, 8, 2, 40, 6, 7, 1, 8, 8, 2, 40]}]
     trace = record(path, prompts, max_new_tokens=20, chat=False, log=lambda *a: None)
     json.dumps(trace)  # (it is written as json)
     assert trace["ks"] == [1, 3] and set(trace["costs"]) >= {"verify", "draft"}
-    dec = SpeculativeDecoder.load(path, max_batch=1, drafter="model")
-    for p, t in zip(prompts, trace["prompts"]):
-        base = dec.generate(p["prompt"], max_new_tokens=20, speculative=False)[0]
-        assert t["out"] == base.token_ids
-        spec = dec.generate(p["prompt"], max_new_tokens=20, speculative=True, k=3)[0]
-        rate, steps = Replay(trace, "model").run(t, 3)
-        assert sorted(s.accepted for s in steps) == [n for n, c in enumerate(spec.stats.accept_hist) for _ in range(c)]
+    assert trace["drafter"]["min_match"] >= 1 and trace["drafter"]["ngram_max"] >= trace["drafter"]["ngram_min"]
+    for kind, drafter in (("model", "model"), ("lookup", "prompt-lookup")):
+        dec = SpeculativeDecoder.load(path, max_batch=1, drafter=drafter)
+        for p, t in zip(prompts, trace["prompts"]):
+            base = dec.generate(p["prompt"], max_new_tokens=20, speculative=False)[0]
+            assert t["out"] == base.token_ids
+            for k in (1, 3):
+                real = dec.generate(p["prompt"], max_new_tokens=20, speculative=True, k=k)[0].stats
+                rate, steps = Replay(trace, kind).run(t, k)
+                assert len(steps) == real.steps and _tokens(steps) == len(t["out"]) - 1
+                want = Counter({n: c for n, c in enumerate(real.accept_hist) if c})
+                got = Counter(s.accepted for s in steps)
+                assert sum((want - got).values()) <= 1 and sum((got - want).values()) <= 1, (kind, k, want, got)
     for kind in ("lookup", "model", "hybrid"):
         s = Replay(trace, kind).compare()
         assert s["min_auto"] > 0 and set(s["fixed"]) == {1, 3}

@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specexport.bench.replay import KINDS, Replay, record  # noqa: E402
-from specexport.bench.runner import read_prompts  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "bench" / "prompts.jsonl"
 
@@ -53,20 +52,25 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--switch", type=float, default=0.0, help="extra cost (x c0) of a target-only step after a verify")
     p.add_argument("--costs", default=None, metavar="JSON",
-                   help='replace cost entries of the trace (every built width), e.g. '
+                   help='replace cost entries of the trace, e.g. '
                         '\'{"verify": {"2": 1.98, "4": 2.05, "8": 2.3}, "draft": 0.42}\'')
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="an AutoK field for the replay")
     p.add_argument("-v", "--verbose", action="store_true", help="per-prompt ratios and auto's steps")
     a = ap.parse_args(argv)
     if a.cmd == "record":
+        from specexport.bench.runner import read_prompts  # (torch: only to record)
         trace = record(a.engine, read_prompts(a.prompts), a.max_new_tokens, a.prepack, a.threads)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(trace))
         print(f"trace written to {a.out}")
         return 0
     trace = json.loads(Path(a.trace).read_text())
-    if a.costs:
-        trace["costs"].update(json.loads(a.costs))
+    if a.costs:  # per entry: {"verify": {"8": 2.3}} changes c(8) only
+        for key, val in json.loads(a.costs).items():
+            if isinstance(val, dict):
+                trace["costs"].setdefault(key, {}).update(val)
+            else:
+                trace["costs"][key] = val
     overrides = {}
     for s in a.set:
         key, _, val = s.partition("=")

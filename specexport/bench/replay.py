@@ -11,16 +11,21 @@ costs its measured time, in units of a target-only step c0 (times 1 + noise x N(
 controller sees what batch.Batch.step shows it at batch 1: the same plan / width / free_beats_model /
 lookup_row_beats_model calls and observe_row / observe_costs observations, in the same order.
 
-Trace (json): {"costs": {"verify": {"j": c(j) / c0}, "draft": d / c0}, "ks": [...], "prompts": [{"id",
-"category", "prompt": [ids], "out": [ids], "model": {"i": [K draft tokens]}}]}, where i counts the new tokens
-committed before the step (the first comes from prefill).
-Not modelled: batches > 1, sampling, a draft model's catch-up (the traces' drafts run over the target's cache),
-and the slower target-only step right after a verify (`switch` adds one, in c0).
+Trace (json): {"costs": {"verify": {"j": c(j) / c0}, "draft": d / c0}, "ks": [...], "drafter": {"ngram_min",
+"ngram_max", "min_match", "shares_kv"}, "prompts": [{"id", "category", "prompt": [ids], "out": [ids],
+"model": {"i": [K draft tokens]}}]}, where i counts the new tokens committed before the step (the first comes from
+prefill).
+Not modelled: batches > 1, sampling, a draft model's catch-up (costed as none: exact for a draft over the target's
+cache, `shares_kv`), the slower target-only step right after a verify (`switch` adds one, in c0), and what the
+target would have said past a request's last token (a proposal that matches to the end counts as not rejected).
+Cost noise is drawn per prompt and position (seeded by both), so rules compared at one seed meet the same costs
+at the same positions.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,8 +62,6 @@ class Replay:
 
     trace: dict
     kind: str = "lookup"
-    min_match: int = 2  # the hybrid takes lookup's proposal from this n-gram length (config.DecoderConfig)
-    ngram: tuple[int, int] = (1, 3)
     noise: float = 0.0
     switch: float = 0.0
     seed: int = 0
@@ -67,28 +70,35 @@ class Replay:
     def __post_init__(self):
         assert self.kind in KINDS, self.kind
         self.ks = tuple(sorted(self.trace["ks"]))
+        d = self.trace.get("drafter") or {}
+        if not isinstance(d, dict):
+            d = {}
+        self.min_match = d.get("min_match", 2)  # the hybrid takes lookup's proposal from this n-gram length
+        self.lookup = PromptLookupDrafter(d.get("ngram_min", 1), d.get("ngram_max", 3))
         self.cost = {int(j): c for j, c in self.trace["costs"]["verify"].items()}
         self.cost[0] = 1.0
         self.d = self.trace["costs"].get("draft")
         if self.kind != "lookup":
             assert self.d is not None and all("model" in p for p in self.trace["prompts"]), \
                 "a model or hybrid replay needs a trace recorded from an engine with a draft model"
-        self.lookup = PromptLookupDrafter(*self.ngram)
 
     def controller(self, **overrides) -> AutoK:
         return AutoK(self.ks, free_drafts=self.kind == "lookup", **overrides)
 
-    def run(self, prompt: dict, policy, auto: AutoK | None = None, rng=None) -> tuple[float, list[Step]]:
-        """-> (decode rate / target-only's, the steps)."""
+    def run(self, prompt: dict, policy, auto: AutoK | None = None, noise=None) -> tuple[float, list[Step]]:
+        """-> (decode rate / target-only's, the steps). noise: ([len(out)], [len(out)]) multipliers of the verify
+        and the draft cost at each position, or None."""
         ids, out, model = prompt["prompt"], prompt["out"], prompt.get("model", {})
         K, i, t, steps, row = max(self.ks), 1, 0.0, [], RowState()
         last = 0
         while i < len(out):
             ld, src = [], 0
-            if self.kind != "model":
-                found, src = self.lookup.lookup(np.array(ids + out[:i], dtype=np.int64), K)
-                ld = found.tolist()
-            md = model.get(str(i), [])
+            if self.kind != "model":  # at auto lookup proposes K, at a fixed k k (its match can differ: drafters.py)
+                width = K if auto is not None else policy
+                found, src = self.lookup.lookup(np.array(ids + out[:i], dtype=np.int64), width)
+                ld = found.tolist()  # [<= K]
+            md = model.get(str(i)) if self.kind != "lookup" else []
+            assert md is not None, f"the trace has no draft proposal at position {i} of {prompt['id']}"
             use = self.kind == "lookup" or (self.kind == "hybrid" and src >= self.min_match)
             shadow = unused = None
             if auto is not None:
@@ -125,13 +135,14 @@ class Replay:
                 if ld and auto is not None and self.kind == "hybrid":
                     shadow, source = ld[0], src
             kd = min(kk for kk in self.ks if kk >= L) if L else 0
-            n = min(matched(prop[:L], out[i:]), len(out) - i - 1) if L else 0
-            noise = (lambda: max(1 + rng.normal() * self.noise, 0.1)) if rng is not None else (lambda: 1.0)
-            vt = self.cost[kd] * noise() + (self.switch if kd == 0 and last else 0.0)
-            dt = k * self.d * noise() if ran else 0.0
+            full = matched(prop[:L], out[i:]) if L else 0
+            n = min(full, len(out) - i - 1)  # (the request ends at len(out))
+            nv, nd = (noise[0][i], noise[1][i]) if noise is not None else (1.0, 1.0)
+            vt = self.cost[kd] * nv + (self.switch if kd == 0 and last else 0.0)
+            dt = k * self.d * nd if ran else 0.0
             if auto is not None:
-                if L:
-                    auto.observe_row(row, source, n, n < L)
+                if L:  # a match to the end of the recorded tokens: not known to be rejected
+                    auto.observe_row(row, source, n, full < L and full < len(out) - i)
                 elif shadow is not None:
                     hit = shadow == out[i]
                     auto.observe_row(row, source, int(hit), not hit)
@@ -149,13 +160,16 @@ class Replay:
 
     def compare(self, **overrides) -> dict:
         """Every prompt at each fixed k and at auto -> per-prompt ratios to target-only and the summary."""
-        rng = np.random.default_rng(self.seed) if self.noise else None
         auto = self.controller(**overrides)
         rows = []
-        for p in self.trace["prompts"]:
+        for idx, p in enumerate(self.trace["prompts"]):
+            noise = None
+            if self.noise:  # per prompt and position: every policy meets the same costs at the same positions
+                z = np.random.default_rng([self.seed, idx]).normal(size=(2, len(p["out"])))
+                noise = np.maximum(1 + self.noise * z, 0.1)
             r = {"id": p["id"], "steps": None}
             for pol in (*self.ks, "auto"):
-                rate, steps = self.run(p, pol, auto if pol == "auto" else None, rng)
+                rate, steps = self.run(p, pol, auto if pol == "auto" else None, noise)
                 r[pol] = rate
                 if pol == "auto":
                     r["steps"] = steps
@@ -180,8 +194,6 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
     """A trace from an engine (ONNX Runtime, batch 1): each prompt's target-only greedy tokens and, with a draft
     model, its K-token proposal before every step; then c(j) / c0 for every built k (verify calls at one context
     length, medians over three rounds) and the draft pass d / c0 (the median K-token proposal / K)."""
-    import time
-
     from ..batch import Batch
     from ..drafters import DraftInputs, HybridDrafter
     from ..runtime import SpeculativeDecoder
@@ -207,7 +219,7 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
             if model is not None:
                 if not getattr(model, "shares_kv", False):
                     self._catch_up_draft([0], 1)  # its own cache: every committed position but the current one
-                x = DraftInputs(np.stack([self.prev[:1], self.current[:1]], 1), self.past_len[:1],
+                x = DraftInputs(np.stack([self.prev[:1], self.current[:1]], 1), self.past_len[:1],  # [1, 2], [1]
                                 int(self.past_len[0]) + K + 1, self.history[:1], self.lengths[:1], None,
                                 np.zeros((1, K), np.float32))
                 t = time.perf_counter()
@@ -239,13 +251,17 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
         costs["draft"] = round(float(np.median(passes)) / c0, 4)
     log(f"[record] costs (x a target-only step): verify {costs['verify']}" +
         (f", draft pass {costs['draft']:.3f}" if model is not None else ""))
-    return {"engine": engine, "ks": list(ks), "drafter": getattr(d, "name", None), "costs": costs, "prompts": out}
+    cfg = dec.config
+    drafter = {"name": getattr(d, "name", None), "ngram_min": cfg.ngram_min, "ngram_max": cfg.ngram_max,
+               "min_match": cfg.min_match, "shares_kv": bool(getattr(model, "shares_kv", False))}
+    if model is not None and not drafter["shares_kv"]:
+        log("[record] the draft keeps its own cache: a replay costs its catch-up as none")
+    return {"engine": engine, "ks": list(ks), "drafter": drafter, "costs": costs, "prompts": out}
 
 
 def _verify_costs(dec, ks: tuple[int, ...], past: int = 256, calls: int = 15) -> dict:
     """c(j) / c0 for j in ks, from verify calls at `past` cached positions (medians of three interleaved rounds;
     the first 3 calls of each are dropped); also "c0" in seconds."""
-    import time
     t = dec.target
     past = min(past, dec.config.cache_len - max(ks) - 2)
     res: dict[int, list[float]] = {}
