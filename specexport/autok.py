@@ -6,7 +6,9 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              (Leviathan et al.): (1 - a^(j+1)) / (1 - a); rows with a shorter proposal count its length
   a_b,s      row b's acceptance for proposals from source s (prompt lookup: the matched n-gram length; a
              draft model: one source): accepted / (accepted + rejections), the MLE of a geometric acceptance,
-             over counts that decay per trial (about the last 10 draft tokens) and are pulled towards the
+             over counts that decay per trial (prompt lookup: about the last 10 draft tokens; a draft model:
+             about the last 20, `model_decay`, since its acceptance varies less within a request; replayed
+             without pre-packing, 10 kept a 0.98 draft off after two rejections) and are pulled towards the
              running estimate over all requests with pseudo-trials that shrink as the request shows its own:
              prompt lookup `prior_weight` (1) x 4 / (4 + its trials), a draft model `model_prior_weight` (8)
              x 16 / (16 + its trials). It starts from the other requests, then follows its own. A draft
@@ -19,8 +21,8 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              -> 0.98, worst prompt / target-only 0.97 -> 0.99). A draft model's evidence is k tokens per
              step and its pay-off needs high acceptance: it uses the point estimate (with the bound, one
              rejection turned a 1.5x draft off), and while that says no, the upper bound (+ `z_upper` = 1
-             standard error over every trial of the request and its prior) keeps the smallest k drafting:
-             thin evidence does not turn a draft off
+             standard error over every trial of the request and its prior) keeps drafting, at the k
+             whose upper bound pays most: thin evidence does not turn a draft off
   c(j, B)    measured seconds of the verify step over j drafts (host commit included), c(0, B) = a target-only
              step; per batch bucket (1, 2, 4, 8, ... rows). An unmeasured width is estimated from the nearest
              measured bucket b: c(0, B) + (c(j, b) - c(0, b)) B / b (each extra row costs what it did at b: a
@@ -50,13 +52,16 @@ Rule
   Draft model (each drafted token costs a pass): before drafting, k maximises
     sum_b E(a_b, k) / (k d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).
-    A request's first speculative step is at most the smallest built k (no evidence yet: a cheap probe).
-    While the point estimate says no k pays but its upper bound (+ `z_upper` standard errors over all the
-    request's trials and its prior's) says the smallest k does, the smallest k drafts (evidence is gathered,
-    not assumed). A new request's prompt is prefilled into the draft at admission (as at a fixed k) unless
-    the measured costs say the smallest k does not pay even at a fresh request's upper bound, with the
-    catch-up the batch's running rows need first; otherwise the draft catches up if drafting turns on.
-    While off, the counts stay frozen and a probe (the smallest k) runs only if the draft could pay at all
+    A request's first speculative step is at most the probe k (no evidence yet: a cheap probe), the smallest
+    built k that could pay if every draft were accepted (without pre-packing a k=2 verify costs two target-only
+    steps and only k=8 can pay). While the point estimate says no k pays but its upper bound (+ `z_upper`
+    standard errors over all the request's trials and its prior's) says one does, the k that pays most at the
+    upper bound drafts (evidence is gathered, not assumed; with only the smallest k allowed here, a draft whose
+    smallest k cannot pay was turned off for the rest of a request by two rejections). A new request's prompt
+    is prefilled into the draft at admission (as at a fixed k) unless the measured costs say the probe k does
+    not pay even at a fresh request's upper bound, with the catch-up the batch's running rows need first;
+    otherwise the draft catches up if drafting turns on.
+    While off, the counts stay frozen and a probe (the probe k) runs only if the draft could pay at all
     (if every draft were accepted, some k would beat target-only), and then either
       - the point estimate says it pays (an expected gain; only the confidence bound is not convinced yet), or
       - its expected loss fits `explore` (2%) of the time spent off since the last probe, and at least
@@ -74,7 +79,7 @@ Rule
   target-only step, so that the reference it is compared against is not stale (lookup measures c(0) at
   every step without a match).
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
-mistakes cost one verify each and teach a_b; a draft model is tried at the smallest k while its evidence is
+mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence is
 thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:
 a request's own trials also feed the running estimate that is its prior, so for the first requests the
 upper bound's evidence is overstated (by up to 2x in trials).
@@ -192,9 +197,10 @@ class AutoK:
     free_drafts: bool = True  # prompt lookup (proposals cost no pass) or a draft model
     row_by_row: bool = False  # the engine verifies a batch one row at a time (cost grows with B)
     compute_bound: bool = True  # a batched verify's extra rows cost what they did at another batch (a CPU)
-    decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials
+    decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials (prompt lookup)
+    model_decay: float = 0.95  # a draft model's: about the last 20 (its acceptance varies less within a request)
     z: float = 0.5  # lookup decisions use the acceptance estimate less z standard errors
-    z_upper: float = 1.0  # a draft model keeps learning at the smallest k while its estimate + z_upper SE pays
+    z_upper: float = 1.0  # a draft model keeps learning while its estimate + z_upper SE pays at some k
     prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request (prompt lookup)
     model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
     chunk_guess: float = 8.0  # an unmeasured catch-up prefill chunk is guessed at this many draft passes
@@ -336,15 +342,19 @@ class AutoK:
             return kmin
         catch_up = self.catch_up(missing, B)[0]
         fresh = any(r.spec_steps == 0 for r in rows)
+        kmin = self.probe_k(B, c0, catch_up)
         best, best_rate = 0, (1 + self.margin) * len(rows) / c0
         for k in self.ks:
             if fresh and k > kmin:
-                continue  # a request's first speculative step is a probe at the smallest k
+                continue  # a request's first speculative step is a probe (the smallest k that could pay)
             rate = self._model_rate(B, rows, k, catch_up)
             if rate > best_rate:
                 best, best_rate = k, rate
-        if not best and self._model_rate(B, rows, kmin, catch_up, self.upper) > best_rate:
-            best = kmin  # too little evidence to rule drafting out: keep learning at the smallest k
+        if not best:  # too little evidence to rule drafting out: keep learning at the k whose upper bound pays most
+            up = {k: self._model_rate(B, rows, k, catch_up, self.upper) for k in self.ks if not (fresh and k > kmin)}
+            k = max(up, key=up.get)
+            if up[k] > best_rate:
+                best = k
         if best:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
@@ -356,7 +366,7 @@ class AutoK:
 
     def expects_drafting(self, B: int, missing: int = 0) -> bool:
         """Should a new request's prompt be prefilled into the draft at admission (a draft model)? Yes unless
-        the measured costs say that the smallest k does not pay even at a fresh request's upper bound (its first
+        the measured costs say that the probe k does not pay even at a fresh request's upper bound (its first
         step's test), with the catch-up that the batch's running rows would need first (`missing`: the most
         committed tokens one of them has not shown the draft). Deciding this from the last step's choice instead
         was a trap: once off, every new prompt needed a full catch-up, whose cost then kept drafting off. Judging
@@ -368,12 +378,21 @@ class AutoK:
         c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
         if c0 is None or d is None:
             return True
-        kmin = min(self.ks)  # a fresh request's first step: the smallest k, at most at its upper bound
         catch_up = self.catch_up(missing, B)[0]
+        kmin = self.probe_k(B, c0, catch_up)  # a fresh request's first step, at most at its upper bound
         return self._model_rate(B, [RowState()], kmin, catch_up, self.upper) > (1 + self.margin) / c0
 
+    def probe_k(self, B: int, c0: float, catch_up: float = 0.0) -> int:
+        """The k of a probe and of a request's first step: the smallest that could pay if every draft were
+        accepted (the smallest built k, unless verifies are dear: without pre-packing a k=2 verify costs two
+        target-only steps and only a wide k can pay)."""
+        for k in sorted(self.ks):
+            if self._model_rate(B, [RowState()], k, catch_up, lambda r: 1.0) > (1 + self.margin) / c0:
+                return k
+        return min(self.ks)
+
     def _maybe_probe(self, B: int, rows: list[RowState], k: int, c0: float, catch_up: float) -> int:
-        """Off: a probe at the smallest k, only if drafting could pay at all (every draft accepted) and the
+        """Off: a probe at `probe_k`, only if drafting could pay at all (every draft accepted) and the
         probe's expected loss fits the exploration budget."""
         self.off_steps += 1
         self.off_seconds += c0
@@ -457,7 +476,7 @@ class AutoK:
 
     def observe_row(self, row: RowState, source: int, n_accepted: int, rejected: bool) -> None:
         """One row's verified proposal (or a shadow check: n_accepted 1 or rejected)."""
-        row.get(source).observe(n_accepted, rejected, self.decay)
+        row.get(source).observe(n_accepted, rejected, self.model_decay if self.is_model(source) else self.decay)
         g = self.global_acc.get(source)
         if g is None:
             g = self.global_acc[source] = RowAcceptance()

@@ -7,8 +7,10 @@ Controller bounds tested here (autok.py's docstring states them):
   - a draft model accepted never: 1 probe at the request's start, then at most 1 + log2(N / probe_every)
     probes in N steps, their loss within `explore` of the time;
   - everything matches: the width with the best (j + 1) / c(j); acceptance that drops midway stops
-    speculation within 10 steps for lookup (narrowing), 12 for a draft model; acceptance that comes back turns
-    lookup on within 6 steps (shadow checks) and a draft model at its next probe.
+    speculation within 10 steps for lookup (narrowing), 24 for a draft model (it remembers about 20
+    trials); acceptance that comes back turns lookup on within 6 steps (shadow checks) and a draft model at
+    its next probe;
+  - a draft whose smallest k cannot pay (dear verifies): rejections do not turn it off while a wide k pays.
 """
 
 import math
@@ -164,14 +166,14 @@ def test_row_by_row_engines_estimate_unmeasured_batches_per_row():
     assert _ctl().verify_cost(2, 16) is None  # nothing measured at 16 yet: target-only first
 
 
-def _model_run(ctl: AutoK, steps: int, accept, draft_pass: float, rows=1):
+def _model_run(ctl: AutoK, steps: int, accept, draft_pass: float, rows=1, costs=COSTS):
     """Drive a draft-model controller with hand-forced acceptance; -> the k of every step."""
     states = [RowState() for _ in range(rows)]
     ks = []
     for step in range(steps):
         k = ctl.plan(rows, states)
         ks.append(k)
-        c = COSTS[0] if k == 0 else COSTS[k]
+        c = costs[k]
         ctl.observe_costs(rows, k, c, k, k * draft_pass)
         for r in states:
             if k:
@@ -231,7 +233,7 @@ def test_admission_counts_the_catch_up_of_the_running_rows():
         ctl.observe_chunk(1, 3.0)  # a prefill chunk of the draft: 3 target-only steps
     assert ctl.expects_drafting(1, missing=0)  # nothing to catch up: as before
     assert ctl.expects_drafting(1, missing=2)  # two tokens: one rewrite pass, cheap
-    assert not ctl.expects_drafting(1, missing=500)  # the running rows are far behind: drafting waits anyway
+    assert not ctl.expects_drafting(1, missing=5000)  # the running rows are far behind: drafting waits anyway
 
 
 def test_model_draft_does_not_trust_a_stale_reference():
@@ -259,7 +261,7 @@ def test_model_draft_follows_acceptance_that_changes_midway():
     ctl = _ctl(free=False, draft_pass=0.1)
     ks = _model_run(ctl, 300, lambda s: s < 40 or s >= 100, 0.1)
     off = next(i for i in range(40, 100) if ks[i] == 0)
-    assert off - 40 <= 12 and sum(k > 0 for k in ks[off:100]) <= 2  # off within 12 steps, then probes only
+    assert off - 40 <= 24 and sum(k > 0 for k in ks[off:100]) <= 2  # off within 24 steps, then probes only
     back = next(i for i in range(100, 300) if ks[i] > 0)  # the next probe finds drafting pays again
     failed = sum(k > 0 for k in ks[off:100])  # probes while acceptance was 0: each doubled the interval
     assert back - 100 <= ctl.probe_every * 2 ** failed
@@ -276,6 +278,20 @@ def test_one_early_rejection_does_not_turn_a_good_draft_off():
     ks = _model_run(ctl, 60, lambda s: s != 1, 0.45)  # this request: the second step's first draft is rejected
     assert ks[0] == min(KS) and ks[1] > 0
     assert ks[2:].count(0) <= 58 // ctl.refresh + 1  # still drafting, bar the refresh steps
+
+
+def test_rejections_do_not_turn_a_draft_off_where_only_a_wide_k_pays():
+    """Verifies that cost two target-only steps (an engine without pre-packing): the smallest k cannot pay even
+    if every draft is accepted, only k = 8 does. Two early rejections used to turn drafting off for the rest of
+    the request (its learning step was the smallest k, whose upper bound never pays, and its probes could not
+    lift the estimate); now the k whose upper bound pays most keeps drafting."""
+    costs = {0: 1.0, 2: 2.0, 4: 2.05, 8: 2.3}
+    ctl = _ctl(costs, free=False, draft_pass=0.45)
+    assert expected_tokens(1.0, 2) / (2 * 0.45 + costs[2]) < (1 + ctl.margin) / costs[0]  # k = 2 never pays
+    for _ in range(5):  # earlier requests: every draft accepted
+        _model_run(ctl, 30, lambda s: True, 0.45, costs=costs)
+    ks = _model_run(ctl, 60, lambda s: s not in (1, 3), 0.45, costs=costs)
+    assert ks[4:].count(0) <= 56 // ctl.refresh + 1 and ks[4:].count(8) >= 40
 
 
 def test_the_first_request_keeps_drafting_while_its_evidence_is_thin():
