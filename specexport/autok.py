@@ -38,7 +38,8 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              target's cache (drafters.ModelDrafter.link_kv)
 Rule
   Prompt lookup (proposals cost no pass): propose first, then verify the width j in {0} + built ks (rows
-    truncated to j; a row verifies at most the smallest k from a source it has no evidence for yet) that
+    truncated to j; from a source it has no evidence for yet a row verifies at most the widest k whose
+    measured verify costs what the smallest's does, within `margin`: the smallest, unless they cost the same) that
     maximises sum_b E(a_b, min(len_b, j)) / c(j, B), where j = 0 counts (1 + margin) n / c(0, B) (n: occupied
     rows): a verify must promise `margin` (5%) more than target-only, a guard against model error (the
     geometric acceptance model, noisy costs). No match anywhere costs exactly a target-only step. At a
@@ -410,10 +411,18 @@ class AutoK:
             return k
         return 0
 
-    def cap(self, row: RowState, source: int) -> int:
-        """The most a row may verify from a source it has shown nothing for yet: the smallest built k (its
-        first verify is a cheap probe; one step of evidence lifts the cap)."""
-        return min(self.ks) if row.get(source).trials == 0 else max(self.ks)
+    def cap(self, row: RowState, source: int, B: int = 1) -> int:
+        """The most a row may verify from a source it has shown nothing for yet: the widest built k whose
+        measured verify costs no more than the smallest's (+5%), else the smallest (its first verify is a cheap
+        probe; one step of evidence lifts the cap)."""
+        if row.get(source).trials:
+            return max(self.ks)
+        kmin, Bb = min(self.ks), bucket(B)
+        c = self.verify_cost(kmin, B)
+        if c is None:
+            return kmin
+        return max(k for k in self.ks if k == kmin or (self.costs.settled(("verify", k, Bb))
+                                                        and self.verify_cost(k, B) <= (1 + self.margin) * c))
 
     def width(self, B: int, rows: list[RowState], lens: list[int], sources: list[int]) -> int:
         """For free proposals (lens[i] tokens from source sources[i] for rows[i], already capped): the verify

@@ -301,7 +301,7 @@ class Batch:
             source, model_ran = prop.source or [0] * B, prop.model_ran
             if self.auto is not None and not model_ran and longest:  # free proposals: choose what to verify
                 lens = draft_len.tolist()
-                capped = [min(lens[b], self.auto.cap(self.acc[b], source[b])) for b in range(B)]
+                capped = [min(lens[b], self.auto.cap(self.acc[b], source[b], B)) for b in range(B)]
                 j = self.auto.width(B, [self.acc[b] for b in rows], [capped[b] for b in rows],
                                     [source[b] for b in rows])
                 if j == 0:  # nothing verified: each proposal is checked against the target's next token

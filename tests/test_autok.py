@@ -122,12 +122,14 @@ def test_lookup_follows_acceptance_that_changes_midway():
     assert all(seq[60 + i] > 0 for i in range(6, 30))  # back on within 6 steps (shadow checks)
 
 
-def test_a_source_without_evidence_verifies_at_most_the_smallest_k():
+def test_a_source_without_evidence_verifies_at_most_what_the_smallest_k_costs():
     ctl = _ctl()
     row = RowState()
     assert ctl.cap(row, 3) == min(KS)  # a new request's first trigram proposal: a cheap probe
     ctl.observe_row(row, 3, 2, False)
     assert ctl.cap(row, 3) == max(KS) and ctl.cap(row, 1) == min(KS)  # per source
+    flat = _ctl({0: 1.0, 2: 1.06, 4: 1.07, 8: 1.47})  # a k=4 verify costs what k=2 does (pre-packed, measured)
+    assert flat.cap(RowState(), 3) == 4 and _ctl({0: 1.0, 2: 1.06}).cap(RowState(), 3) == 2  # (4, 8 unmeasured)
 
 
 def test_a_shorter_proposal_counts_its_length():
