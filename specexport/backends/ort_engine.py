@@ -32,9 +32,13 @@
 - Exact target-only steps (fused): ONNX Runtime's GroupQueryAttention computes a one-token pass with another
   kernel than a multi-token pass (they round differently; every row count >= 2 agrees bit for bit), so a
   1-token target step could differ from the same position verified in a k+1-token pass after a near tie. At
-  batch 1 the target-only step is therefore `verify_k0_exact`: 1-row linears (MatMulNBits and pre-packed
-  Gemm agree across row counts), attention over the current token twice, the second row dropped; speculative
-  output equals target-only output token for token. Batched target-only steps (B > 1) are the batched 1-token
+  batch 1 the target-only step is therefore `verify_k0_exact`: 1-row linears, attention over the current token
+  twice, the second row dropped; speculative output equals target-only output token for token. That needs the
+  linears to round one row as they round it among others, which depends on the CPU: on an AVX2 CPU without AVX-512 a 4-bit
+  MatMulNBits runs one row through another kernel (1e-6 apart; seen flipping a greedy token of the default Q4_1
+  engine at k=auto). The first target-only step probes the engine's quantized formats (backends/row_probe.py);
+  where one row differs, batch-1 target-only steps run `verify_k{smallest k}` over the current token with no
+  drafts (1.38x a `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU). Batched target-only steps (B > 1) are the batched 1-token
   graph, unless `batch_invariant`: then they are the exact step's per-row variant, and a request's tokens never
   depend on its batch (README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
@@ -59,6 +63,7 @@ from ..graphs import PER_ROW_MAX, graph_name, row_cache_name, rows_name
 from ..models.config import ModelConfig
 from ..sampling import SamplingRows
 from . import ort_capi
+from .row_probe import one_row_agrees
 
 
 def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -121,6 +126,8 @@ class OrtEngine:
             raise SpecExportError("batch_invariant=True needs the per-row-attention graphs that specexport build "
                                   "writes for fused engines with --max-batch > 1: rebuild this engine")
         self.batch_invariant = batch_invariant
+        self.quant_layers = entry.get("quant_layers") or {}
+        self._one_row_exact = None
         self.ks = ks
         self.max_batch, self.cache_len = max_batch, cache_len
         self.device = device
@@ -375,9 +382,26 @@ class OrtEngine:
         out = self._run(graph_name("draft", k, sampling is not None), len(last_two), ins, kv_len)
         return out[0], (out[1] if sampling is not None else None)
 
+    @property
+    def one_row_exact(self) -> bool:
+        """Do this engine's quantized linears round one row as they round it among others, on this CPU
+        (backends/row_probe.py; probed once, at the first target-only step)?"""
+        if self._one_row_exact is None:
+            self._one_row_exact = self.device != "cpu" or one_row_agrees(self.ort, self.quant_layers, self.threads)
+        return self._one_row_exact
+
     def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
         name = graph_name("verify", k, sampling is not None)
         if k == 0 and self.fused and (len(tokens) == 1 or self.batch_invariant):  # (module docstring: exactness)
+            kk = min(self.ks) if self.ks else 0
+            if len(tokens) == 1 and kk and not self.one_row_exact and int(past_len[0]) + kk + 1 <= self.cache_len:
+                # one-row linears round differently here: the step is a verify over the current token and kk
+                # copies of it that count as no drafts (row 0 is what any verify computes for this position)
+                tokens = np.repeat(tokens[:, :1], kk + 1, 1)  # [1, kk+1]
+                if sampling is not None:
+                    u = np.concatenate([np.zeros((1, kk), np.float32), u[:, -1:]], 1)  # [1, kk+1]: the next token's
+                return self.verify(tokens, draft_len, past_len, min(kv_len + kk, self.cache_len), kk, sampling, u,
+                                   None)
             name, kv_len = graph_name("verify_exact", 0, sampling is not None), min(kv_len + 1, self.cache_len)
         ins = dict(tokens=tokens, draft_len=draft_len, past_len=past_len)
         if sampling is not None:

@@ -106,3 +106,52 @@ def test_quantized_target_samples_have_its_own_distribution(small, quant_target_
     samples = sample(quant_target_engine, sp, n, k=k, batch=batch)
     assert chi2_pvalue(samples, exact) > 1e-3
     assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6  # power
+
+
+@pytest.fixture
+def one_row_differs(quant_target_engine):
+    """The engine as it runs on a CPU whose one-row MatMulNBits rounds differently (backends/row_probe.py), with
+    the verify graphs it then runs target-only steps through recorded."""
+    t = quant_target_engine.target
+    ran, run = [], t._run
+    t._one_row_exact, t._run = False, lambda name, *a, **kw: ran.append(name) or run(name, *a, **kw)
+    try:
+        yield quant_target_engine, ran
+    finally:
+        t._one_row_exact, t._run = None, run
+
+
+def test_target_only_steps_run_through_a_verify_where_one_row_rounds_differently(one_row_differs):
+    """Greedy: target-only steps are then the smallest k's verify with no drafts, and speculative output (fixed k
+    and auto, whose target-only steps take this path too) is target-only's, token for token."""
+    dec, ran = one_row_differs
+    prompts = [[1, 2, 3, 1, 2], [3, 3, 1, 0, 2, 1]]
+    base = [dec.generate(p, max_new_tokens=8, speculative=False)[0].token_ids for p in prompts]
+    assert ran and all(name.startswith("verify_k2") for name in ran if name.startswith("verify"))
+    for k in (2, "auto"):
+        assert [dec.generate(p, max_new_tokens=8, k=k)[0].token_ids for p in prompts] == base
+
+
+def test_sampled_target_only_steps_through_a_verify_keep_the_distribution(small, quant_target_engine,  # noqa: F811
+                                                                         one_row_differs):
+    """Sampling through that path (the next token drawn from the verify's row 0 with the step's uniform) has the
+    engine's own target distribution."""
+    dec, ran = one_row_differs
+    sp = CASES[0]
+    samples = sample(dec, sp, N, batch=1, speculative=False)
+    assert "verify_k2_sample" in ran
+    assert chi2_pvalue(samples, engine_distribution(dec, sp)) > 1e-3
+
+
+def test_the_row_probe_model_is_valid_onnx():
+    """The probe model is serialized by hand (the runtime has no onnx package): the checker accepts it, and the
+    probe runs on this CPU (either answer is valid here)."""
+    import onnx
+    import onnxruntime as ort
+
+    from specexport.backends.row_probe import one_row_agrees, probe_model
+    model, K = probe_model([(4, 32, 4, 576, True), (8, 16, 4, 64, False)])
+    onnx.checker.check_model(onnx.load_from_string(model))
+    assert K == 576
+    layers = {"a": {"bits": 4, "block_size": 32, "accuracy_level": 4, "shape": [8, 576], "symmetric": False}}
+    assert one_row_agrees(ort, layers, 2) in (True, False) and one_row_agrees(ort, {}) is True

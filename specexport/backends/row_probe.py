@@ -1,0 +1,113 @@
+"""Does ONNX Runtime round a one-row linear as it rounds the same row among others, on this CPU?
+
+Speculative output equals target-only output only if a position's logits do not depend on how many rows the pass
+that computes them has. MLAS picks kernels by CPU and by row count: on an AVX2 CPU without AVX-512 (an AMD EPYC; ONNX Runtime 1.22 to
+1.32) a 4-bit MatMulNBits with int8 activations runs one row through another kernel than two or more, and the
+results differ by about 1e-6 (8-bit codes agree). After a near tie that flips a greedy token. `one_row_agrees`
+runs each quantized format an engine uses (its manifest's `quant_layers`), and the fp32 MatMul of a block-minimum
+term, over one row and over two, and compares the first row bit for bit; backends/ort_engine.py runs the batch-1
+target-only step through a multi-row verify graph where they differ.
+
+The probe model is serialized here (protobuf by hand: the runtime does not depend on the onnx package); random
+codes, scales and zero points, a few output columns; a few milliseconds per format.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_FLOAT, _UINT8 = 1, 2  # TensorProto.DataType
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _len(num: int, payload: bytes) -> bytes:  # a length-delimited field
+    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _int(num: int, value: int) -> bytes:  # a varint field
+    return _varint(num << 3) + _varint(value)
+
+
+def _str(num: int, s: str) -> bytes:
+    return _len(num, s.encode())
+
+
+def _tensor(name: str, arr: np.ndarray) -> bytes:  # TensorProto: dims 1, data_type 2, name 8, raw_data 9
+    dtype = {np.dtype(np.float32): _FLOAT, np.dtype(np.uint8): _UINT8}[arr.dtype]
+    return (b"".join(_int(1, d) for d in arr.shape) + _int(2, dtype) + _str(8, name)
+            + _len(9, np.ascontiguousarray(arr).tobytes()))
+
+
+def _value_info(name: str, dims: tuple) -> bytes:  # ValueInfoProto { name, TypeProto { tensor_type { elem, shape } } }
+    shape = b"".join(_len(1, _str(2, d) if isinstance(d, str) else _int(1, d)) for d in dims)
+    return _str(1, name) + _len(2, _len(1, _int(1, _FLOAT) + _len(2, shape)))
+
+
+def _node(op: str, inputs: list[str], outputs: list[str], domain: str = "", **ints) -> bytes:
+    attrs = b"".join(_len(5, _str(1, k) + _int(3, v) + _int(20, 2)) for k, v in ints.items())  # type INT = 2
+    return (b"".join(_str(1, i) for i in inputs) + b"".join(_str(2, o) for o in outputs) + _str(4, op) + attrs
+            + (_str(7, domain) if domain else b""))
+
+
+def probe_model(formats: list[tuple[int, int, int, int, bool]], seed: int = 0) -> tuple[bytes, int]:
+    """One MatMulNBits per format (bits, block_size, accuracy_level, K, zero points) over input x [M, K] (the
+    largest K; a smaller K reads its first columns), plus an fp32 MatMul [M, K/32] x [K/32, 64]. -> (the model,
+    the input width)."""
+    rng = np.random.default_rng(seed)
+    Kx = max(f[3] for f in formats)
+    nodes, inits, outs = [], [], []
+    for i, (bits, bs, acc, K, zp) in enumerate(formats):
+        N, nb = 64, math.ceil(K / bs)
+        ins = [f"x{i}" if K < Kx else "x", f"b{i}", f"s{i}"]
+        codes = rng.integers(0, 256, size=(N, nb, bs * bits // 8), dtype=np.uint8)
+        inits += [_tensor(f"b{i}", codes), _tensor(f"s{i}", (rng.random(N * nb) * 0.02).astype(np.float32))]
+        if zp:
+            ins.append(f"z{i}")
+            inits.append(_tensor(f"z{i}", rng.integers(0, 256, size=N * math.ceil(nb * bits / 8), dtype=np.uint8)))
+        nodes.append(_node("MatMulNBits", ins, [f"y{i}"], "com.microsoft", K=K, N=N, bits=bits, block_size=bs,
+                           accuracy_level=acc))
+        outs.append((f"y{i}", N))
+    for i, (_, _, _, K, _) in enumerate(formats):  # x{i} = x[:, :K] through a MatMul with a 0/1 selection matrix
+        if K < Kx:
+            sel = np.zeros((Kx, K), np.float32)
+            sel[np.arange(K), np.arange(K)] = 1.0
+            inits.append(_tensor(f"sel{i}", sel))
+            nodes.insert(0, _node("MatMul", ["x", f"sel{i}"], [f"x{i}"]))
+    B = Kx // 32  # the block-minimum term: blocksum(x) [M, K/32] @ mins [K/32, N]
+    inits.append(_tensor("mins", rng.standard_normal((B, 64)).astype(np.float32)))
+    nodes.append(_node("MatMul", ["xb", "mins"], ["ym"]))
+    outs.append(("ym", 64))
+    graph = (b"".join(_len(1, n) for n in nodes) + _str(2, "row_probe") + b"".join(_len(5, t) for t in inits)
+             + _len(11, _value_info("x", ("M", Kx))) + _len(11, _value_info("xb", ("M", B)))
+             + b"".join(_len(12, _value_info(name, ("M", n))) for name, n in outs))
+    opsets = _len(8, _str(1, "") + _int(2, 17)) + _len(8, _str(1, "com.microsoft") + _int(2, 1))
+    return _int(1, 8) + _len(7, graph) + opsets, Kx
+
+
+def one_row_agrees(ort, quant_layers: dict, threads: int | None = None) -> bool:
+    """True when every MatMulNBits format in `quant_layers` (a manifest entry's) and the fp32 MatMul give a row the
+    same result bit for bit whether it runs alone or with another row."""
+    formats = sorted({(q["bits"], q["block_size"], q.get("accuracy_level", 0), q["shape"][1], not q["symmetric"])
+                      for q in quant_layers.values()})
+    if not formats:
+        return True
+    model, K = probe_model(formats)
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    x, xb = rng.standard_normal((2, K)).astype(np.float32), rng.standard_normal((2, K // 32)).astype(np.float32)
+    one = sess.run(None, {"x": x[:1], "xb": xb[:1]})
+    two = sess.run(None, {"x": x, "xb": xb})
+    return all(np.array_equal(a[0], b[0]) for a, b in zip(one, two))
