@@ -34,13 +34,13 @@
   1-token target step could differ from the same position verified in a k+1-token pass after a near tie. At
   batch 1 the target-only step is therefore `verify_k0_exact`: 1-row linears, attention over the current token
   twice, the second row dropped; speculative output equals target-only output token for token. That needs the
-  linears to round one row as they round it among others, which depends on the CPU: on an AVX2 CPU without AVX-512 a 4-bit
-  MatMulNBits runs one row through another kernel (1e-6 apart; seen flipping a greedy token of the default Q4_1
-  engine at k=auto). The first target-only step probes the engine's quantized formats (backends/row_probe.py);
-  where one row differs, batch-1 target-only steps run `verify_k{smallest k}` over the current token with no
-  drafts (1.38x a `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU). Batched target-only steps (B > 1) are the batched 1-token
-  graph, unless `batch_invariant`: then they are the exact step's per-row variant, and a request's tokens never
-  depend on its batch (README: exactness).
+  linears to round one row as they round it among others, which depends on the CPU: on an AVX2 CPU without
+  AVX-512 a 4-bit MatMulNBits runs one row through another kernel (1e-6 apart; seen flipping a greedy token of
+  the default Q4_1 engine at k=auto). The first target-only step probes the engine's quantized formats
+  (backends/row_probe.py); where one row differs, batch-1 target-only steps run `verify_k{smallest k}` over the
+  current token with no drafts (1.38x a `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU). Batched
+  target-only steps (B > 1) are the batched 1-token graph, unless `batch_invariant`: then they are the exact
+  step's per-row variant, and a request's tokens never depend on its batch (README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
   `enable_cuda_graph` and one gpu_graph_id per (graph, batch); key_pos is then always the full S so that
   every replay has the same shapes. The provider copies the shared host weights into each session, so on

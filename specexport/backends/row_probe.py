@@ -1,12 +1,12 @@
 """Does ONNX Runtime round a one-row linear as it rounds the same row among others, on this CPU?
 
 Speculative output equals target-only output only if a position's logits do not depend on how many rows the pass
-that computes them has. MLAS picks kernels by CPU and by row count: on an AVX2 CPU without AVX-512 (an AMD EPYC; ONNX Runtime 1.22 to
-1.32) a 4-bit MatMulNBits with int8 activations runs one row through another kernel than two or more, and the
-results differ by about 1e-6 (8-bit codes agree). After a near tie that flips a greedy token. `one_row_agrees`
-runs each quantized format an engine uses (its manifest's `quant_layers`), and the fp32 MatMul of a block-minimum
-term, over one row and over two, and compares the first row bit for bit; backends/ort_engine.py runs the batch-1
-target-only step through a multi-row verify graph where they differ.
+that computes them has. MLAS picks kernels by CPU and by row count: on an AVX2 CPU without AVX-512 (an AMD
+EPYC; ONNX Runtime 1.22 to 1.32) a 4-bit MatMulNBits with int8 activations runs one row through another kernel
+than two or more, and the results differ by about 1e-6 (8-bit codes agree); after a near tie that flips a greedy
+token. `one_row_agrees` runs each quantized format an engine uses (its manifest's `quant_layers`), and the fp32
+MatMul of a block-minimum term, over one row and over two, and compares the first row bit for bit;
+backends/ort_engine.py runs the batch-1 target-only step through a multi-row verify graph where they differ.
 
 The probe model is serialized here (protobuf by hand: the runtime does not depend on the onnx package); random
 codes, scales and zero points, a few output columns; a few milliseconds per format.
