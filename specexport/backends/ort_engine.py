@@ -396,7 +396,8 @@ class OrtEngine:
             kk = min(self.ks) if self.ks else 0
             if len(tokens) == 1 and kk and not self.one_row_exact and int(past_len[0]) + kk + 1 <= self.cache_len:
                 # one-row linears round differently here: the step is a verify over the current token and kk
-                # copies of it that count as no drafts (row 0 is what any verify computes for this position)
+                # copies of it that count as no drafts (row 0 is what any verify computes for this position); where
+                # even the smallest verify does not fit the cache no verify can run, so the exact step is the only one
                 tokens = np.repeat(tokens[:, :1], kk + 1, 1)  # [1, kk+1]
                 if sampling is not None:
                     u = np.concatenate([np.zeros((1, kk), np.float32), u[:, -1:]], 1)  # [1, kk+1]: the next token's

@@ -59,16 +59,14 @@ def _node(op: str, inputs: list[str], outputs: list[str], domain: str = "", **in
             + (_str(7, domain) if domain else b""))
 
 
-def probe_model(formats: list[tuple[int, int, int, int, bool]], seed: int = 0) -> tuple[bytes, int]:
-    """One MatMulNBits per format (bits, block_size, accuracy_level, K, zero points) over input x [M, K] (the
-    largest K; a smaller K reads its first columns), plus an fp32 MatMul [M, K/32] x [K/32, 64]. -> (the model,
-    the input width)."""
+def probe_model(formats: list[tuple[int, int, int, int, bool]], seed: int = 0) -> bytes:
+    """One MatMulNBits per format (bits, block_size, accuracy_level, K, zero points) over input x{K} [M, K], plus
+    an fp32 MatMul xb [M, 32] x [32, 64] (a block-minimum term's shape)."""
     rng = np.random.default_rng(seed)
-    Kx = max(f[3] for f in formats)
     nodes, inits, outs = [], [], []
     for i, (bits, bs, acc, K, zp) in enumerate(formats):
         N, nb = 64, math.ceil(K / bs)
-        ins = [f"x{i}" if K < Kx else "x", f"b{i}", f"s{i}"]
+        ins = [f"x{K}", f"b{i}", f"s{i}"]
         codes = rng.integers(0, 256, size=(N, nb, bs * bits // 8), dtype=np.uint8)
         inits += [_tensor(f"b{i}", codes), _tensor(f"s{i}", (rng.random(N * nb) * 0.02).astype(np.float32))]
         if zp:
@@ -77,21 +75,16 @@ def probe_model(formats: list[tuple[int, int, int, int, bool]], seed: int = 0) -
         nodes.append(_node("MatMulNBits", ins, [f"y{i}"], "com.microsoft", K=K, N=N, bits=bits, block_size=bs,
                            accuracy_level=acc))
         outs.append((f"y{i}", N))
-    for i, (_, _, _, K, _) in enumerate(formats):  # x{i} = x[:, :K] through a MatMul with a 0/1 selection matrix
-        if K < Kx:
-            sel = np.zeros((Kx, K), np.float32)
-            sel[np.arange(K), np.arange(K)] = 1.0
-            inits.append(_tensor(f"sel{i}", sel))
-            nodes.insert(0, _node("MatMul", ["x", f"sel{i}"], [f"x{i}"]))
-    B = Kx // 32  # the block-minimum term: blocksum(x) [M, K/32] @ mins [K/32, N]
-    inits.append(_tensor("mins", rng.standard_normal((B, 64)).astype(np.float32)))
+    inits.append(_tensor("mins", rng.standard_normal((32, 64)).astype(np.float32)))
     nodes.append(_node("MatMul", ["xb", "mins"], ["ym"]))
     outs.append(("ym", 64))
+    widths = sorted({f[3] for f in formats})
     graph = (b"".join(_len(1, n) for n in nodes) + _str(2, "row_probe") + b"".join(_len(5, t) for t in inits)
-             + _len(11, _value_info("x", ("M", Kx))) + _len(11, _value_info("xb", ("M", B)))
+             + b"".join(_len(11, _value_info(f"x{K}", ("M", K))) for K in widths)
+             + _len(11, _value_info("xb", ("M", 32)))
              + b"".join(_len(12, _value_info(name, ("M", n))) for name, n in outs))
     opsets = _len(8, _str(1, "") + _int(2, 17)) + _len(8, _str(1, "com.microsoft") + _int(2, 1))
-    return _int(1, 8) + _len(7, graph) + opsets, Kx
+    return _int(1, 8) + _len(7, graph) + opsets
 
 
 def one_row_agrees(ort, quant_layers: dict, threads: int | None = None) -> bool:
@@ -101,13 +94,12 @@ def one_row_agrees(ort, quant_layers: dict, threads: int | None = None) -> bool:
                       for q in quant_layers.values()})
     if not formats:
         return True
-    model, K = probe_model(formats)
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(probe_model(formats), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
-    x, xb = rng.standard_normal((2, K)).astype(np.float32), rng.standard_normal((2, K // 32)).astype(np.float32)
-    one = sess.run(None, {"x": x[:1], "xb": xb[:1]})
-    two = sess.run(None, {"x": x, "xb": xb})
+    xs = {i.name: rng.standard_normal((2, i.shape[1])).astype(np.float32) for i in sess.get_inputs()}
+    one = sess.run(None, {n: x[:1] for n, x in xs.items()})
+    two = sess.run(None, xs)
     return all(np.array_equal(a[0], b[0]) for a, b in zip(one, two))
