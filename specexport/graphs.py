@@ -63,9 +63,12 @@ def row_cache_name(name: str, row: int) -> str:
     return f"{name}.{row}"
 
 
-def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tuple[str, str, int, bool]]:
+def graph_list(role: str, cfg: BuildConfig, ops: str | None = None,
+               quantized: bool = False) -> list[tuple[str, str, int, bool]]:
     """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
-    draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k)."""
+    draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k). quantized: the role has
+    quantized linears; a fused target then also gets `verify_k1` (2 rows) whether or not k = 1 is built, the
+    exact target-only step on CPUs where a one-row MatMulNBits rounds differently (backends/row_probe.py)."""
     modes = (False, True) if cfg.sampling else (False,)
     fused = (ops or cfg.ops) == "fused"
     if role == "target":
@@ -77,4 +80,6 @@ def graph_list(role: str, cfg: BuildConfig, ops: str | None = None) -> list[tupl
     graphs = [("prefill", "prefill", 0, False)] + [(graph_name(kind, k, s), kind, k, s) for k in ks for s in modes]
     if role == "target" and fused:  # the exact batch-1 target-only step (steps.py, backends/ort_engine.py)
         graphs += [(graph_name("verify_exact", 0, s), "verify_exact", 0, s) for s in modes]
+        if quantized and 1 not in ks:
+            graphs += [(graph_name("verify", 1, s), "verify", 1, s) for s in modes]
     return graphs

@@ -37,10 +37,12 @@
   linears to round one row as they round it among others, which depends on the CPU: on an AVX2 CPU without
   AVX-512 a 4-bit MatMulNBits runs one row through another kernel (1e-6 apart; seen flipping a greedy token of
   the default Q4_1 engine at k=auto). The first target-only step probes the engine's quantized formats
-  (backends/row_probe.py); where one row differs, batch-1 target-only steps run `verify_k{smallest k}` over the
-  current token with no drafts (1.38x a `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU). Batched
-  target-only steps (B > 1) are the batched 1-token graph, unless `batch_invariant`: then they are the exact
-  step's per-row variant, and a request's tokens never depend on its batch (README: exactness).
+  (backends/row_probe.py); where one row differs, batch-1 target-only steps run `verify_k1` (2 rows; the build
+  adds it to every fused target with quantized linears) over the current token twice with no drafts: 1.13x a
+  `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU (the smallest built k's verify, which older engines
+  fall back to, costs 1.33-1.45x). Batched target-only steps (B > 1) are the batched 1-token graph, unless
+  `batch_invariant`: then they are the exact step's per-row variant, and a request's tokens never depend on its
+  batch (README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
   `enable_cuda_graph` and one gpu_graph_id per (graph, batch); key_pos is then always the full S so that
   every replay has the same shapes. The provider copies the shared host weights into each session, so on
@@ -63,7 +65,7 @@ from ..graphs import PER_ROW_MAX, graph_name, row_cache_name, rows_name
 from ..models.config import ModelConfig
 from ..sampling import SamplingRows
 from . import ort_capi
-from .row_probe import one_row_agrees
+from .row_probe import exact_rows
 
 
 def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -127,7 +129,7 @@ class OrtEngine:
                                   "writes for fused engines with --max-batch > 1: rebuild this engine")
         self.batch_invariant = batch_invariant
         self.quant_layers = entry.get("quant_layers") or {}
-        self._one_row_exact = None
+        self._exact_rows = None
         self.ks = ks
         self.max_batch, self.cache_len = max_batch, cache_len
         self.device = device
@@ -332,12 +334,15 @@ class OrtEngine:
         # one call of the graph's per-row-attention variant for its size; a graph without them (prefill, a draft,
         # an engine built before them), row by row
         step = PER_ROW_MAX if rows_name(name, 2) in self.graphs else 1
-        outs = []
-        for a in range(0, B, step):
-            n = min(step, B - a)
+        sizes = [step] * (B // step) + ([B % step] if B % step else [])
+        if step > 1 and sizes[-1] == 1:  # no lone row: its linears would run on one row, which some CPUs round
+            sizes[-2:] = [step - 1, 2]  # otherwise (row_probe.py), and batch_invariant promises they never do
+        outs, a = [], 0
+        for n in sizes:
             g = rows_name(name, n) if n > 1 else name
             part = inputs if n == B else {key: t[a:a + n] for key, t in inputs.items()}
             outs.append(self._binding(g, n, row0 + a).run(part, kv_len))  # (each binding has its own outputs)
+            a += n
         return outs[0] if len(outs) == 1 else [np.concatenate(parts) for parts in zip(*outs)]
 
     def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u):
@@ -383,26 +388,29 @@ class OrtEngine:
         return out[0], (out[1] if sampling is not None else None)
 
     @property
-    def one_row_exact(self) -> bool:
-        """Do this engine's quantized linears round one row as they round it among others, on this CPU
-        (backends/row_probe.py; probed once, at the first target-only step)?"""
-        if self._one_row_exact is None:
-            self._one_row_exact = self.device != "cpu" or one_row_agrees(self.ort, self.quant_layers, self.threads)
-        return self._one_row_exact
+    def exact_rows(self) -> int:
+        """The fewest rows a pass needs for this engine's quantized linears to round a row as among more rows, on
+        this CPU (backends/row_probe.py; probed once, at the first target-only step): 1 on most CPUs."""
+        if self._exact_rows is None:
+            self._exact_rows = 1 if self.device != "cpu" else exact_rows(self.ort, self.quant_layers, self.threads)
+        return self._exact_rows
 
     def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
         name = graph_name("verify", k, sampling is not None)
         if k == 0 and self.fused and (len(tokens) == 1 or self.batch_invariant):  # (module docstring: exactness)
-            kk = min(self.ks) if self.ks else 0
-            if len(tokens) == 1 and kk and not self.one_row_exact and int(past_len[0]) + kk + 1 <= self.cache_len:
-                # one-row linears round differently here: the step is a verify over the current token and kk
-                # copies of it that count as no drafts (row 0 is what any verify computes for this position); where
-                # even the smallest verify does not fit the cache no verify can run, so the exact step is the only one
-                tokens = np.repeat(tokens[:, :1], kk + 1, 1)  # [1, kk+1]
-                if sampling is not None:
-                    u = np.concatenate([np.zeros((1, kk), np.float32), u[:, -1:]], 1)  # [1, kk+1]: the next token's
-                return self.verify(tokens, draft_len, past_len, min(kv_len + kk, self.cache_len), kk, sampling, u,
-                                   None)
+            if len(tokens) == 1 and self.exact_rows > 1:
+                # one-row linears round differently here: the step is the narrowest verify of at least exact_rows
+                # rows over the current token and copies of it that count as no drafts (row 0 is what any verify
+                # computes for this position); where none fits the cache, the exact step is the only one that runs
+                mode = sampling is not None
+                kk = min((j for j in {*self.ks, 1} if j + 1 >= self.exact_rows and graph_name("verify", j, mode)
+                          in self.graphs and int(past_len[0]) + j + 1 <= self.cache_len), default=0)
+                if kk:
+                    tokens = np.repeat(tokens[:, :1], kk + 1, 1)  # [1, kk+1]
+                    if sampling is not None:  # [1, kk+1]: the next token's uniform last
+                        u = np.concatenate([np.zeros((1, kk), np.float32), u[:, -1:]], 1)
+                    return self.verify(tokens, draft_len, past_len, min(kv_len + kk, self.cache_len), kk, sampling,
+                                       u, None)
             name, kv_len = graph_name("verify_exact", 0, sampling is not None), min(kv_len + 1, self.cache_len)
         ins = dict(tokens=tokens, draft_len=draft_len, past_len=past_len)
         if sampling is not None:

@@ -1,12 +1,13 @@
-"""Does ONNX Runtime round a one-row linear as it rounds the same row among others, on this CPU?
+"""How many rows must a pass have for ONNX Runtime to round a row as it rounds it among more, on this CPU?
 
 Speculative output equals target-only output only if a position's logits do not depend on how many rows the pass
 that computes them has. MLAS picks kernels by CPU and by row count: on an AVX2 CPU without AVX-512 (an AMD
 EPYC; ONNX Runtime 1.22 to 1.32) a 4-bit MatMulNBits with int8 activations runs one row through another kernel
-than two or more, and the results differ by about 1e-6 (8-bit codes agree); after a near tie that flips a greedy
-token. `one_row_agrees` runs each quantized format an engine uses (its manifest's `quant_layers`), and the fp32
-MatMul of a block-minimum term, over one row and over two, and compares the first row bit for bit;
-backends/ort_engine.py runs the batch-1 target-only step through a multi-row verify graph where they differ.
+than two or more, and the results differ by about 1e-6 (8-bit codes agree; 2 to 17 rows agree with each other);
+after a near tie that flips a greedy token. `exact_rows` runs each quantized format an engine uses (its
+manifest's `quant_layers`), and the fp32 MatMul of a block-minimum term, over 1, 2, 3 and 9 rows and compares the
+first row bit for bit; where one row differs, backends/ort_engine.py runs the batch-1 target-only step through a
+2-row verify graph (`verify_k1`, which the build adds to an engine with quantized target layers).
 
 The probe model is serialized here (protobuf by hand: the runtime does not depend on the onnx package); random
 codes, scales and zero points, a few output columns; a few milliseconds per format.
@@ -87,19 +88,24 @@ def probe_model(formats: list[tuple[int, int, int, int, bool]], seed: int = 0) -
     return _int(1, 8) + _len(7, graph) + opsets
 
 
-def one_row_agrees(ort, quant_layers: dict, threads: int | None = None) -> bool:
-    """True when every MatMulNBits format in `quant_layers` (a manifest entry's) and the fp32 MatMul give a row the
-    same result bit for bit whether it runs alone or with another row."""
+def exact_rows(ort, quant_layers: dict, threads: int | None = None) -> int:
+    """The fewest rows a pass needs for every MatMulNBits format in `quant_layers` (a manifest entry's) and the fp32
+    MatMul to give a row the same result, bit for bit, as among more rows (3 and 9: a verify at k = 2 and 8):
+    1 where one row agrees, 2 where only one row differs (the AVX2 CPU above: MLAS runs one row through its own
+    kernel and two or more through one tiled kernel), 3 where even two differ."""
     formats = sorted({(q["bits"], q["block_size"], q.get("accuracy_level", 0), q["shape"][1], not q["symmetric"])
                       for q in quant_layers.values()})
     if not formats:
-        return True
+        return 1
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
     sess = ort.InferenceSession(probe_model(formats), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
-    xs = {i.name: rng.standard_normal((2, i.shape[1])).astype(np.float32) for i in sess.get_inputs()}
-    one = sess.run(None, {n: x[:1] for n, x in xs.items()})
-    two = sess.run(None, xs)
-    return all(np.array_equal(a[0], b[0]) for a, b in zip(one, two))
+    xs = {i.name: rng.standard_normal((9, i.shape[1])).astype(np.float32) for i in sess.get_inputs()}
+    out = {m: sess.run(None, {n: x[:m] for n, x in xs.items()}) for m in (1, 2, 3, 9)}
+    for m in (1, 2):
+        if all(np.array_equal(a[0], b[0]) and np.array_equal(a[0], c[0])
+               for a, b, c in zip(out[m], out[3], out[9])):
+            return m
+    return 3

@@ -103,7 +103,8 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
     tmp.mkdir(parents=True)
     V = target.config.vocab_size
     entries, written = {}, {}  # role -> its weights file's layout (write_weights)
-    work = [(role, g) for role in models for g in graph_list(role, cfg)]
+    lists = {role: graph_list(role, cfg, quantized=bool(quant_layers(m.model))) for role, m in models.items()}
+    work = [(role, g) for role in models for g in lists[role]]
     st.start("export", f"{len(work)} graphs x {', '.join(cfg.formats)}")
     bar = tqdm(total=len(work) * len(cfg.formats), disable=not progress, unit="graph", file=sys.stderr)
     for role, m in models.items():
@@ -112,7 +113,7 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         prefix = f"{role}." if shared else ""
         folder = tmp / place
         folder.mkdir(exist_ok=True)
-        graphs = graph_list(role, cfg)
+        graphs = lists[role]
         entry = {"source": m.source, "config": asdict(m.config), "kv_dtype": str(next(m.model.parameters()).dtype
                                                                                ).replace("torch.", ""),
                  "weights": f"{place}/{prefix}{WEIGHTS_FILE}", "graphs": {}, **m.record}
@@ -190,11 +191,11 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
 
 def per_row_batches(cfg: BuildConfig, role: str, kind: str, k: int) -> tuple[int, ...]:
     """The batch sizes that get a per-row-attention variant of a graph (onnx_graphs.per_row_attention): a fused
-    target's multi-token verify graphs and its exact target-only step, at every batch 2..min(max_batch,
+    target's verify graphs at the built ks and its exact target-only step, at every batch 2..min(max_batch,
     PER_ROW_MAX) (one graph file each; a larger batch runs in chunks). Without them a fused verify at batch B
     runs the graph once per row (ONNX Runtime's GroupQueryAttention refuses multi-token rows with a past at
     batch > 1); the exact step's variants serve `batch_invariant` loads."""
-    if cfg.ops != "fused" or role != "target" or not (kind == "verify_exact" or (kind == "verify" and k > 0)):
+    if cfg.ops != "fused" or role != "target" or not (kind == "verify_exact" or (kind == "verify" and k in cfg.ks)):
         return ()
     return tuple(range(2, min(cfg.max_batch, PER_ROW_MAX) + 1))
 

@@ -108,26 +108,38 @@ def test_quantized_target_samples_have_its_own_distribution(small, quant_target_
     assert chi2_pvalue(samples, exact_distribution(small["hf_draft"], sp)) < 1e-6  # power
 
 
-@pytest.fixture
-def one_row_differs(quant_target_engine):
-    """The engine as it runs on a CPU whose one-row MatMulNBits rounds differently (backends/row_probe.py), with
-    the verify graphs it then runs target-only steps through recorded."""
+@pytest.fixture(params=[(2, "verify_k1"), (3, "verify_k2")], ids=["one-row-differs", "two-rows-differ"])
+def one_row_differs(quant_target_engine, request):
+    """The engine as it runs on a CPU whose one-row MatMulNBits rounds differently (backends/row_probe.py; on this
+    stop's AVX2 CPU two or more rows agree: exact_rows 2), or where even two rows differ (exact_rows 3, made up:
+    the smallest built k's verify then serves), with the graphs it runs recorded -> (decoder, ran, the verify graph
+    its target-only steps should run)."""
+    rows, graph = request.param
     t = quant_target_engine.target
     ran, run = [], t._run
-    t._one_row_exact, t._run = False, lambda name, *a, **kw: ran.append(name) or run(name, *a, **kw)
+    t._exact_rows, t._run = rows, lambda name, *a, **kw: ran.append(name) or run(name, *a, **kw)
     try:
-        yield quant_target_engine, ran
+        yield quant_target_engine, ran, graph
     finally:
-        t._one_row_exact, t._run = None, run
+        t._exact_rows, t._run = None, run
+
+
+def test_an_engine_with_quantized_target_layers_has_a_2_row_exact_step(quant_target_engine):
+    """The build adds verify_k1 (greedy and sampling, no per-row variants) to a quantized fused target although
+    k = 1 is not built; autok never runs it (ks stays the built ks)."""
+    graphs = quant_target_engine.target.graphs
+    assert {"verify_k1_greedy", "verify_k1_sample"} <= set(graphs)
+    assert not any(g.get("of", "").startswith("verify_k1") for g in graphs.values())
+    assert quant_target_engine.built_ks() == (2,)
 
 
 def test_target_only_steps_run_through_a_verify_where_one_row_rounds_differently(one_row_differs):
-    """Greedy: target-only steps are then the smallest k's verify with no drafts, and speculative output (fixed k
-    and auto, whose target-only steps take this path too) is target-only's, token for token."""
-    dec, ran = one_row_differs
+    """Greedy: target-only steps are then the narrowest verify with enough rows, with no drafts, and speculative
+    output (fixed k and auto, whose target-only steps take this path too) is target-only's, token for token."""
+    dec, ran, graph = one_row_differs
     prompts = [[1, 2, 3, 1, 2], [3, 3, 1, 0, 2, 1]]
     base = [dec.generate(p, max_new_tokens=8, speculative=False)[0].token_ids for p in prompts]
-    assert ran and all(name.startswith("verify_k2") for name in ran if name.startswith("verify"))
+    assert ran and all(name.startswith(graph) for name in ran if name.startswith("verify"))
     for k in (2, "auto"):
         assert [dec.generate(p, max_new_tokens=8, k=k)[0].token_ids for p in prompts] == base
 
@@ -136,11 +148,28 @@ def test_sampled_target_only_steps_through_a_verify_keep_the_distribution(small,
                                                                          one_row_differs):
     """Sampling through that path (the next token drawn from the verify's row 0 with the step's uniform) has the
     engine's own target distribution."""
-    dec, ran = one_row_differs
+    dec, ran, graph = one_row_differs
     sp = CASES[0]
     samples = sample(dec, sp, N, batch=1, speculative=False)
-    assert "verify_k2_sample" in ran
+    assert f"{graph}_sample" in ran
     assert chi2_pvalue(samples, engine_distribution(dec, sp)) > 1e-3
+
+
+def test_batch_invariant_steps_never_run_a_lone_row(quant_target_engine):
+    """Batch 17 runs in chunks of up to 16 rows (the per-row-attention variants), split 15 + 2, not 16 + 1: a lone
+    row's linears would run on one row, and batch-1 output (target-only steps over 2 rows) would differ from it
+    where one row rounds differently. Each row's tokens equal its tokens alone."""
+    dec, t = quant_target_engine, quant_target_engine.target
+    prompts = [[1, 2, 3, 1, 2], [3, 3, 1, 0, 2, 1]] * 8 + [[2, 0, 1]]
+    seen, binding = [], t._binding
+    t._binding = lambda name, B, row0=0: seen.append((name, B)) or binding(name, B, row0)
+    try:
+        batched = [o.token_ids for o in dec.generate(prompts, max_new_tokens=4, speculative=False)]
+    finally:
+        t._binding = binding
+    assert {(n, B) for n, B in seen if n.startswith("verify_k0_exact")} == {("verify_k0_exact_greedy_rows15", 15),
+                                                                         ("verify_k0_exact_greedy_rows2", 2)}
+    assert batched == [dec.generate(p, max_new_tokens=4, speculative=False)[0].token_ids for p in prompts]
 
 
 def test_the_row_probe_model_is_valid_onnx():
@@ -149,9 +178,9 @@ def test_the_row_probe_model_is_valid_onnx():
     import onnx
     import onnxruntime as ort
 
-    from specexport.backends.row_probe import one_row_agrees, probe_model
+    from specexport.backends.row_probe import exact_rows, probe_model
     model = onnx.load_from_string(probe_model([(4, 32, 4, 576, True), (8, 16, 4, 64, False)]))
     onnx.checker.check_model(model)
     assert [i.name for i in model.graph.input] == ["x64", "x576", "xb"]
     layers = {"a": {"bits": 4, "block_size": 32, "accuracy_level": 4, "shape": [8, 576], "symmetric": False}}
-    assert one_row_agrees(ort, layers, 2) in (True, False) and one_row_agrees(ort, {}) is True
+    assert exact_rows(ort, layers, 2) in (1, 2, 3) and exact_rows(ort, {}) == 1
