@@ -68,7 +68,8 @@ def graph_list(role: str, cfg: BuildConfig, ops: str | None = None,
     """(name, kind, k, sampling) of every graph a role gets (ops: the graph set, cfg.ops by default; a fused
     draft has one-pass graphs over 1 and 2 tokens instead of one k-pass graph per k). quantized: the role has
     quantized linears; a fused target then also gets `verify_k1` (2 rows) whether or not k = 1 is built, the
-    exact target-only step on CPUs where a one-row MatMulNBits rounds differently (backends/row_probe.py)."""
+    exact target-only step on CPUs where a one-row MatMulNBits rounds differently (backends/row_probe.py), and
+    there a step width like any built k (OrtEngine.free_ks: one draft token rides in it for nothing)."""
     modes = (False, True) if cfg.sampling else (False,)
     fused = (ops or cfg.ops) == "fused"
     if role == "target":

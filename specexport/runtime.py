@@ -219,8 +219,8 @@ class SpeculativeDecoder:
 
     def built_ks(self) -> tuple[int, ...]:
         """The k values steps may use (an engine's built ones; eager: powers of two up to config.k, and k)."""
-        if self.target.ks is not None:
-            return tuple(sorted(self.target.ks))
+        if self.target.ks is not None:  # (+ free_ks: a k = 1 verify that costs a target-only step, ort_engine.py)
+            return tuple(sorted({*self.target.ks, *getattr(self.target, "free_ks", ())}))
         return tuple(sorted({k for k in (1, 2, 4, 8) if k <= self.config.k} | {self.config.k}))
 
     def autok(self) -> AutoK:

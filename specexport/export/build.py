@@ -191,11 +191,11 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
 
 def per_row_batches(cfg: BuildConfig, role: str, kind: str, k: int) -> tuple[int, ...]:
     """The batch sizes that get a per-row-attention variant of a graph (onnx_graphs.per_row_attention): a fused
-    target's verify graphs at the built ks and its exact target-only step, at every batch 2..min(max_batch,
+    target's multi-token verify graphs and its exact target-only step, at every batch 2..min(max_batch,
     PER_ROW_MAX) (one graph file each; a larger batch runs in chunks). Without them a fused verify at batch B
     runs the graph once per row (ONNX Runtime's GroupQueryAttention refuses multi-token rows with a past at
     batch > 1); the exact step's variants serve `batch_invariant` loads."""
-    if cfg.ops != "fused" or role != "target" or not (kind == "verify_exact" or (kind == "verify" and k in cfg.ks)):
+    if cfg.ops != "fused" or role != "target" or not (kind == "verify_exact" or (kind == "verify" and k > 0)):
         return ()
     return tuple(range(2, min(cfg.max_batch, PER_ROW_MAX) + 1))
 

@@ -59,11 +59,16 @@ def test_quantized_draft_samples_have_the_target_distribution(small, quant_engin
 
 
 @pytest.fixture(scope="module")
-def quant_target_engine(small, tmp_path_factory):  # noqa: F811
+def quant_target_dir(small, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("sampling") / "quant_target"
     build(BuildConfig(target=small["target"], draft=small["draft"], target_quant="int4:b16", ks=(2,), max_seq_len=16,
                       max_batch=100, prefill_chunk=8, out=str(out)), progress=False)
-    return SpeculativeDecoder.load(str(out), backend="onnxruntime", batch_invariant=True)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def quant_target_engine(quant_target_dir):
+    return SpeculativeDecoder.load(quant_target_dir, backend="onnxruntime", batch_invariant=True)
 
 
 def engine_distribution(dec, sp) -> dict[tuple, float]:
@@ -125,12 +130,37 @@ def one_row_differs(quant_target_engine, request):
 
 
 def test_an_engine_with_quantized_target_layers_has_a_2_row_exact_step(quant_target_engine):
-    """The build adds verify_k1 (greedy and sampling, no per-row variants) to a quantized fused target although
-    k = 1 is not built; autok never runs it (ks stays the built ks)."""
-    graphs = quant_target_engine.target.graphs
-    assert {"verify_k1_greedy", "verify_k1_sample"} <= set(graphs)
-    assert not any(g.get("of", "").startswith("verify_k1") for g in graphs.values())
-    assert quant_target_engine.built_ks() == (2,)
+    """The build adds verify_k1 (greedy and sampling, with per-row variants) to a quantized fused target although
+    k = 1 is not built; steps may use it only where it is the target-only step (exact_rows 2: free_ks)."""
+    dec, t = quant_target_engine, quant_target_engine.target
+    assert {"verify_k1_greedy", "verify_k1_sample", "verify_k1_greedy_rows2"} <= set(t.graphs)
+    assert t.free_ks == ((1,) if t.exact_rows == 2 else ()) and dec.built_ks() == (*t.free_ks, 2)
+    try:
+        for rows, ks in ((1, (2,)), (2, (1, 2)), (3, (2,))):
+            t._exact_rows = rows
+            assert dec.built_ks() == ks
+    finally:
+        t._exact_rows = None
+
+
+def test_a_free_k1_draft_rides_in_the_target_only_step(quant_target_dir):
+    """Where the target-only step is verify_k1 (forced here), k = 1 is a step width: auto and ragged lookup
+    proposals of one token run it, and greedy output is target-only's, token for token."""
+    dec = SpeculativeDecoder.load(quant_target_dir, backend="onnxruntime", max_batch=4)
+    dec.target._exact_rows = 2
+    prompts = [[1, 2, 3, 1, 2, 3], [3, 3, 1, 0, 2, 1]]
+    base = [o.token_ids for o in dec.generate(prompts, max_new_tokens=8, speculative=False)]
+    auto = dec.generate(prompts, max_new_tokens=8, k="auto")
+    assert [o.token_ids for o in auto] == base
+    assert [dec.generate(p, max_new_tokens=8, k="auto")[0].token_ids for p in prompts] == base
+    assert dec.autok().ks == (1, 2)
+    lookup = SpeculativeDecoder.load(quant_target_dir, backend="onnxruntime", drafter="prompt-lookup")
+    t, ran = lookup.target, []
+    t._exact_rows, run = 2, t._run
+    t._run = lambda name, B, ins, *a, **kw: ran.append((name, int(ins.get("draft_len", [0])[0]))) or run(name, B, ins,
+                                                                                                      *a, **kw)
+    assert [lookup.generate(p, max_new_tokens=8, k="auto")[0].token_ids for p in prompts] == base
+    assert ("verify_k1_greedy", 1) in ran
 
 
 def test_target_only_steps_run_through_a_verify_where_one_row_rounds_differently(one_row_differs):
