@@ -74,6 +74,10 @@ Rule
   Costs are the median of the last 5 samples within 32 steps of the newest (a passing stall moves a median
   less than a moving average, and an old sample does not outvote a new one). A target-only step right after
   a speculative one is slower (the engine switches graphs); the excess is charged to the speculative step.
+  Where the batch-1 target-only step is itself a k = 1 verify (`free_ks`: a CPU whose one-row linears round
+  otherwise, backends/row_probe.py), k = 1 at batch 1 costs c(0) by definition and its steps are c(0)'s samples
+  (measured apart, the one-sided switch charge above pushed c(1) over c(0) by the noise and turned k = 1 off
+  for good after about one pass over the bench prompts).
   The first sample of each (width, bucket) is set-up heavy: it counts as the lower of itself and the
   estimate until a second sample replaces it (so a width is probed at most twice per bucket, over the
   decoder's life, not per request). A draft model that has drafted for `refresh` (32) steps runs one
@@ -198,6 +202,7 @@ class AutoK:
     free_drafts: bool = True  # prompt lookup (proposals cost no pass) or a draft model
     row_by_row: bool = False  # the engine verifies a batch one row at a time (cost grows with B)
     compute_bound: bool = True  # a batched verify's extra rows cost what they did at another batch (a CPU)
+    free_ks: tuple[int, ...] = ()  # widths whose batch-1 verify is the target-only step's graph (OrtEngine.free_ks)
     decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials (prompt lookup)
     model_decay: float = 0.95  # a draft model's: about the last 20 (its acceptance varies less within a request)
     z: float = 0.5  # lookup decisions use the acceptance estimate less z standard errors
@@ -264,7 +269,7 @@ class AutoK:
         """c(j, B): measured, else estimated from the nearest measured bucket (None: c(0) unmeasured here)."""
         Bb = bucket(B)
         c0 = self.costs.get(("verify", 0, Bb))
-        if j == 0 or c0 is None:
+        if j == 0 or c0 is None or (Bb == 1 and j in self.free_ks):
             return c0
         if self.costs.settled(("verify", j, Bb)):
             return self.costs.get(("verify", j, Bb))
@@ -465,6 +470,8 @@ class AutoK:
         about +10% on the 2-core CPU); that excess is charged to the speculative step that caused it, and c(0)
         keeps the steady target-only cost."""
         Bb, t = bucket(B), self.steps
+        if Bb == 1 and j in self.free_ks:  # the target-only step's own graph: a sample of c(0), no switch after it
+            j = 0
         last, self._last = self._last, (j, Bb)
         c0 = self.costs.get(("verify", 0, Bb))
         if j == 0 and last[0] and last[1] == Bb and c0 is not None and self.costs.settled(("verify", 0, Bb)):

@@ -229,6 +229,7 @@ class SpeculativeDecoder:
             self._autok = AutoK(self.built_ks(), free_drafts=getattr(self.drafter, "engine", None) is None,
                                 row_by_row=getattr(self.target, "row_by_row", False), chunk=self.config.prefill_chunk,
                                 compute_bound=not str(getattr(self.target, "device", "cpu")).startswith("cuda"),
+                                free_ks=tuple(getattr(self.target, "free_ks", ())),
                                 copy_catch_up=getattr(self.drafter, "kv_source", None) is not None
                                 and not getattr(self.drafter, "shares_kv", False))
         return self._autok

@@ -66,6 +66,27 @@ def test_the_step_after_a_verify_charges_its_switch_back_to_the_verify():
     assert ctl.costs.samples[("verify", 2, 1)][-1][1] == pytest.approx(1.5)
 
 
+def test_a_free_width_costs_the_target_only_step_at_batch_1():
+    """free_ks (a CPU whose batch-1 target-only step is the k = 1 verify's graph): at batch 1, k = 1 costs c(0),
+    its steps are c(0)'s samples and charge no switch; a slow one does not price k = 1 out. At batch 4 it is
+    measured like any width."""
+    ctl = AutoK((1, *KS), free_ks=(1,))
+    for _ in range(3):
+        ctl.observe_costs(1, 0, 1.0)
+    ctl.observe_costs(1, 1, 1.3)  # noise on a k = 1 step: one of c(0)'s samples
+    ctl.observe_costs(1, 0, 1.2)  # the target-only step after it: no switch to charge (1.2 is a sample too)
+    assert ctl.costs.samples[("verify", 0, 1)][-2:] == [(0, 1.3), (0, 1.2)]
+    assert ctl.verify_cost(1, 1) == ctl.verify_cost(0, 1) == pytest.approx(1.1)  # median of 1, 1, 1.3, 1.2
+    assert ("verify", 1, 1) not in ctl.costs.samples
+    row = RowState()
+    row.get(1).accepted, row.get(1).rejected = 10, 40  # acceptance 0.2: one free token still pays
+    assert ctl.width(1, [row], [1], [1]) == 1
+    for _ in range(2):
+        ctl.observe_costs(4, 0, 2.0)
+        ctl.observe_costs(4, 1, 3.0)
+    assert ctl.verify_cost(1, 4) == pytest.approx(3.0)
+
+
 def test_lookup_width_maximises_expected_rate():
     ctl = _ctl()
     for a in (0.0, 0.3, 0.6, 0.8, 0.95):
