@@ -41,9 +41,9 @@
   adds it to every fused target with quantized linears) over the current token twice with no drafts: 1.13x a
   `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU (the smallest built k's verify, which older engines
   fall back to, costs 1.33-1.45x). Since that step is a k = 1 verify anyway, k = 1 is then a step width too
-  (`free_ks`, added to the runtime's built_ks): one draft token rides in it at no cost. Batched target-only steps (B > 1) are the batched 1-token graph, unless
-  `batch_invariant`: then they are the exact step's per-row variant, and a request's tokens never depend on its
-  batch (README: exactness).
+  (`free_ks`, added to the runtime's built_ks): one draft token rides in it at no cost. Batched target-only
+  steps (B > 1) are the batched 1-token graph, unless `batch_invariant`: then they are the exact step's per-row
+  variant, and a request's tokens never depend on its batch (README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
   `enable_cuda_graph` and one gpu_graph_id per (graph, batch); key_pos is then always the full S so that
   every replay has the same shapes. The provider copies the shared host weights into each session, so on
@@ -398,9 +398,10 @@ class OrtEngine:
 
     @property
     def free_ks(self) -> tuple[int, ...]:
-        """Verify widths beyond the built ks that cost what a target-only step costs here: (1,) where the batch-1
-        target-only step is `verify_k1` (exact_rows 2), so that one draft token rides in it for nothing; else ()."""
-        if 1 in self.ks or not self.fused or "verify_k1_greedy" not in self.graphs:
+        """Verify widths that cost what a batch-1 target-only step costs here (built or not: the runtime adds them
+        to its ks): (1,) where that step is `verify_k1` (exact_rows 2), so one draft token rides in it for
+        nothing; else ()."""
+        if not self.fused or "verify_k1_greedy" not in self.graphs:
             return ()
         return (1,) if self.exact_rows == 2 else ()
 
