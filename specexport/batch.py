@@ -36,7 +36,8 @@ class Batch:
         self.dec, self.C = dec, cfg.prefill_chunk
         self.speculative = speculative and dec.drafter is not None
         self.auto = dec.autok() if k == "auto" and self.speculative else None
-        self.k = k if isinstance(k, int) else max(dec.built_ks())  # the largest k a step may use
+        self.ks = dec.built_ks()  # the verify widths a step may run (the engine's, + its free ones)
+        self.k = k if isinstance(k, int) else max(self.ks)  # the largest k a step may use
         self.k_label = k
         self.reqs: list[Request | None] = [None] * W
         self.gens: list[np.random.Generator | None] = [None] * W
@@ -244,7 +245,7 @@ class Batch:
             return 0
         if not self.dec.target.fixed_shapes:
             return longest
-        return min(kk for kk in self.dec.built_ks() if kk >= longest)
+        return min(kk for kk in self.ks if kk >= longest)
 
     def step(self) -> list[tuple[Request, list[int]]]:
         """One speculative (or target-only) step for every occupied row; returns [(request, taken tokens)]."""

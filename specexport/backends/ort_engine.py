@@ -131,6 +131,7 @@ class OrtEngine:
         self.batch_invariant = batch_invariant
         self.quant_layers = entry.get("quant_layers") or {}
         self._exact_rows = None
+        self._exact_step_widths: dict[tuple[bool, int], tuple[int, ...]] = {}  # (sampling, exact_rows) -> widths
         self.ks = ks
         self.max_batch, self.cache_len = max_batch, cache_len
         self.device = device
@@ -405,6 +406,15 @@ class OrtEngine:
             return ()
         return (1,) if self.exact_rows == 2 else ()
 
+    def _exact_widths(self, sampling: bool) -> tuple[int, ...]:
+        """The verify widths, narrowest first, whose passes have at least exact_rows rows (the batch-1 exact
+        target-only step's candidates; made once per mode and exact_rows: this is on the hot path)."""
+        key = (sampling, self.exact_rows)
+        if key not in self._exact_step_widths:
+            self._exact_step_widths[key] = tuple(sorted(j for j in {*self.ks, 1} if j + 1 >= self.exact_rows
+                                                        and graph_name("verify", j, sampling) in self.graphs))
+        return self._exact_step_widths[key]
+
     def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
         name = graph_name("verify", k, sampling is not None)
         if k == 0 and self.fused and (len(tokens) == 1 or self.batch_invariant):  # (module docstring: exactness)
@@ -412,9 +422,8 @@ class OrtEngine:
                 # one-row linears round differently here: the step is the narrowest verify of at least exact_rows
                 # rows over the current token and copies of it that count as no drafts (row 0 is what any verify
                 # computes for this position); where none fits the cache, the exact step is the only one that runs
-                mode = sampling is not None
-                kk = min((j for j in {*self.ks, 1} if j + 1 >= self.exact_rows and graph_name("verify", j, mode)
-                          in self.graphs and int(past_len[0]) + j + 1 <= self.cache_len), default=0)
+                room = self.cache_len - int(past_len[0]) - 1
+                kk = next((j for j in self._exact_widths(sampling is not None) if j <= room), 0)
                 if kk:
                     tokens = np.repeat(tokens[:, :1], kk + 1, 1)  # [1, kk+1]
                     if sampling is not None:  # [1, kk+1]: the next token's uniform last
