@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Two engines (or one engine two ways) side by side at batch 1: target-only, and optionally k="auto", on each
+prompt for A then B (the order alternating per prompt and repetition), warm-up excluded. Greedy, chat template,
+the bench prompts (every n-th, to --prompts-n). Prints decode tok/s (prefill excluded) as geometric means, B / A
+per mode, and how often A and B gave the same tokens.
+
+    python tools/engine_ab.py engines/bench/q41-b1 engines/bench/other --reps 2 --prompts-n 6
+    python tools/engine_ab.py engines/smollm2 engines/smollm2 --b-one-row    # the exact 2-row step vs 1 row
+
+--b-one-row makes B's batch-1 target-only step one row (`exact_rows` forced to 1): on a CPU whose one-row
+quantized linears round differently (backends/row_probe.py) that is the inexact step, so its tokens may differ;
+the ratio is the price of the exact step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specexport.runtime import SpeculativeDecoder  # noqa: E402
+
+PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
+
+
+def rate(out) -> float:
+    s = out.stats
+    return (s.new_tokens - 1) / (s.draft_s + s.verify_s + s.host_s)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--prompts-n", type=int, default=8, help="how many of the bench prompts (evenly spaced)")
+    ap.add_argument("--auto", action="store_true", help="k=auto too")
+    ap.add_argument("--b-one-row", action="store_true", help="B's batch-1 target-only step on one row")
+    ap.add_argument("--no-prepack", action="store_true")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", default=str(PROMPTS))
+    a = ap.parse_args()
+    opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
+    dec = {"A": SpeculativeDecoder.load(a.a, **opts), "B": SpeculativeDecoder.load(a.b, **opts)}
+    if a.b_one_row:
+        dec["B"].target._exact_rows = 1
+    prompts = [json.loads(line) for line in open(a.prompts)]
+    prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
+    modes = {"target-only": dict(speculative=False)} | ({"auto": dict(k="auto")} if a.auto else {})
+    for d in dec.values():
+        d.generate(prompts[0]["prompt"], max_new_tokens=16, chat=True, speculative=False)
+    rates = {m: {"A": [], "B": []} for m in modes}
+    same = {m: 0 for m in modes}
+    for rep in range(a.reps):
+        for i, p in enumerate(prompts):
+            for m, kw in modes.items():
+                toks = {}
+                for name in ("AB" if (rep + i) % 2 == 0 else "BA"):
+                    o = dec[name].generate(p["prompt"], max_new_tokens=a.max_new_tokens, chat=True, **kw)[0]
+                    rates[m][name].append(rate(o))
+                    toks[name] = o.token_ids
+                same[m] += toks["A"] == toks["B"]
+
+    def g(xs):
+        return float(np.exp(np.mean(np.log(xs))))
+    for m, r in rates.items():
+        ra, rb = np.array(r["A"]), np.array(r["B"])
+        x = rb / ra
+        print(f"{m}: A {g(ra):.1f} tok/s, B {g(rb):.1f} tok/s, B / A {g(x):.3f} (per run: min {np.min(x):.3f}, "
+              f"max {np.max(x):.3f}); same tokens {same[m]}/{len(ra)}")
+
+
+if __name__ == "__main__":
+    main()
