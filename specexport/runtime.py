@@ -126,7 +126,7 @@ class SpeculativeDecoder:
         if not isinstance(k, (int, np.integer)):
             raise SpecExportError(f"k must be an integer or 'auto', got {k!r}")
         k = int(k)
-        built = self.target.ks
+        built = self.built_ks() if self.target.ks is not None else None  # (a free k = 1 included: ort_engine.py)
         if built is not None and k not in built:
             raise SpecExportError(f"k={k} has no graphs in this engine (built: {', '.join(map(str, built))}): "
                                   "pass one of those, or rebuild with --k including it")

@@ -154,6 +154,7 @@ def test_a_free_k1_draft_rides_in_the_target_only_step(quant_target_dir):
     assert [o.token_ids for o in auto] == base
     assert [dec.generate(p, max_new_tokens=8, k="auto")[0].token_ids for p in prompts] == base
     assert dec.autok().ks == (1, 2)
+    assert [o.token_ids for o in dec.generate(prompts, max_new_tokens=8, k=1)] == base  # a fixed k = 1 too
     lookup = SpeculativeDecoder.load(quant_target_dir, backend="onnxruntime", drafter="prompt-lookup")
     t, ran = lookup.target, []
     t._exact_rows, run = 2, t._run
