@@ -27,11 +27,6 @@ from specexport.runtime import SpeculativeDecoder  # noqa: E402
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
 
 
-def rate(out) -> float:
-    s = out.stats
-    return (s.new_tokens - 1) / (s.draft_s + s.verify_s + s.host_s)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a")
@@ -61,7 +56,7 @@ def main() -> None:
                 toks = {}
                 for name in ("AB" if (rep + i) % 2 == 0 else "BA"):
                     o = dec[name].generate(p["prompt"], max_new_tokens=a.max_new_tokens, chat=True, **kw)[0]
-                    rates[m][name].append(rate(o))
+                    rates[m][name].append(o.stats.decode_rate)
                     toks[name] = o.token_ids
                 same[m] += toks["A"] == toks["B"]
 

@@ -24,11 +24,6 @@ from specexport.runtime import SpeculativeDecoder  # noqa: E402
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
 
 
-def rate(out) -> float:
-    s = out.stats
-    return (s.new_tokens - 1) / (s.draft_s + s.verify_s + s.host_s)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("engine")
@@ -51,7 +46,8 @@ def main() -> None:
             base = on.generate(p["prompt"], max_new_tokens=n, chat=True, speculative=False)[0]
             x = on.generate(p["prompt"], max_new_tokens=n, chat=True, k="auto")[0]
             y = off.generate(p["prompt"], max_new_tokens=n, chat=True, k="auto")[0]
-            row["t"].append(rate(base)), row["on"].append(rate(x)), row["off"].append(rate(y))
+            for key, o in (("t", base), ("on", x), ("off", y)):
+                row[key].append(o.stats.decode_rate)
             row["k1"].append(x.stats.k_steps.get(1, 0))
             row["same"] &= x.token_ids == base.token_ids == y.token_ids
 
