@@ -7,7 +7,7 @@ Each peer's tests skip when its package is not installed. The ORT GenAI model fo
 
 import pytest
 
-from specexport.bench.peers import PEER_NAMES, available_peers, chat_ids, hf_tokenizer
+from specexport.bench.peers import PEER_NAMES, available_peers, chat_ids, hf_tokenizer, llama_cpp_cmake_args
 
 N = 16
 # one thread: the correctness checks must not depend on a quiet machine (llama.cpp's OpenMP barriers with
@@ -21,6 +21,17 @@ def test_available_peers_reports_each_peer():
     assert set(av) == set(PEER_NAMES)
     for name, why in av.items():
         assert why is None or (isinstance(why, str) and "pip install" in why and "\n" not in why), (name, why)
+
+
+def test_llama_cpp_build_flags_follow_the_cpu():
+    """An instruction set the CPU lacks stops llama.cpp's first decode, and AMX crashed it: the flags come from
+    the CPU's own list (an AVX2-only CPU gets AVX-512 off), never -march=native, with AMX always off."""
+    avx2_only = llama_cpp_cmake_args({"avx", "avx2", "fma", "f16c", "bmi2"}).split()
+    assert "-DGGML_NATIVE=OFF" in avx2_only and "-DGGML_AVX2=ON" in avx2_only and "-DGGML_AVX512=OFF" in avx2_only
+    assert "-DGGML_AVX512=ON" in llama_cpp_cmake_args({"avx", "avx2", "avx512f", "amx_tile"}).split()
+    for flags in ({"amx_tile", "amx_int8", "amx_bf16"}, set()):
+        assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(
+            llama_cpp_cmake_args(flags).split())
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/pip install -q -e ".[peers]"
-has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null && echo ON || echo OFF; }
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_BMI2=$(has bmi2) \
--DGGML_FMA=$(has fma) -DGGML_F16C=$(has f16c) -DGGML_AVX512=$(has avx512f) -DGGML_AVX_VNNI=$(has avx_vnni) \
--DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF" \
+# the flags: specexport.bench.peers.llama_cpp_cmake_args (the CPU's instruction sets from /proc/cpuinfo, AMX off)
+CMAKE_ARGS="$(.venv/bin/python -c 'from specexport.bench.peers import llama_cpp_cmake_args as f; print(f())')" \
 MAKEFLAGS=-j2 CMAKE_BUILD_PARALLEL_LEVEL=2 .venv/bin/pip install --no-cache-dir llama-cpp-python==0.3.36

@@ -27,13 +27,28 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # llama-cpp-python ships only an sdist. Its default -march=native build has crashed at the first decode on
-# this project's CPU (in ggml's AMX path), so the CPU features are spelled out and AMX is off. LLAVA_BUILD=OFF skips the
-# multimodal library, which nothing here uses.
-LLAMA_CPP_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_AVX512=ON "
-                        "-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF "
-                        "-DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF")
-LLAMA_CPP_INSTALL = (f'CMAKE_ARGS="{LLAMA_CPP_CMAKE_ARGS}" CMAKE_BUILD_PARALLEL_LEVEL=2 '
-                     "pip install llama-cpp-python==0.3.36")
+# this project's CPU (in ggml's AMX path), so the CPU features are spelled out, read from /proc/cpuinfo as
+# tools/install_peers.sh reads them (an instruction set the CPU lacks stops the first decode just the same), and
+# AMX is off. LLAVA_BUILD=OFF skips the multimodal library, which nothing here uses.
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def llama_cpp_cmake_args(flags: set[str] | None = None) -> str:
+    flags = _cpu_flags() if flags is None else flags
+    on = lambda flag: "ON" if flag in flags else "OFF"  # noqa: E731
+    isa = " ".join(f"-DGGML_{name}={on(flag)}" for name, flag in (
+        ("AVX", "avx"), ("AVX2", "avx2"), ("BMI2", "bmi2"), ("FMA", "fma"), ("F16C", "f16c"),
+        ("AVX512", "avx512f"), ("AVX_VNNI", "avx_vnni")))
+    return f"-DGGML_NATIVE=OFF {isa} -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF"
+
+
+LLAMA_CPP_INSTALL = (f'bash tools/install_peers.sh (or CMAKE_ARGS="{llama_cpp_cmake_args()}" '
+                     "CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python==0.3.36)")
 # onnxruntime-genai 0.18.0 needs onnxruntime>=1.31 (keeps 1.32.0); its model builder also imports onnx_ir
 ORT_GENAI_INSTALL = "pip install onnxruntime-genai==0.18.0 onnx-ir==1.1.0"
 
