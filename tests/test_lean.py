@@ -141,3 +141,49 @@ def test_package_import_needs_no_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
+
+
+def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The package's modules that `module` imports anywhere (lazy imports in functions too; not the ones under
+    `if TYPE_CHECKING:`, which never run)."""
+    import ast
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for body in node.body for n in ast.walk(body)}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - n.level + 1] if n.level else []
+            target = ".".join(base + ([n.module] if n.module else [])) if n.level else (n.module or "")
+            names = [target] + [f"{target}.{a.name}" for a in n.names]
+        elif isinstance(n, ast.Import):
+            names = [a.name for a in n.names]
+        else:
+            continue
+        out |= {m for m in names if m in modules and m != module}
+    return out
+
+
+def test_imports_flow_one_way():
+    """No import circle between the package's modules, lazy imports included: a reader can order the modules
+    from the CLI down to the models."""
+    pkg = ROOT / "specexport"
+    paths = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in pkg.rglob("*.py")}
+    graph = {m: _imports(p, m, set(paths)) for m, p in paths.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m, path):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from specexport.errors import SpecExportError
-from specexport.models.quant import QuantLinear, QuantSpec, dequantize_weight, quantize_model, quantize_weight
+from specexport.config import QuantSpec
+from specexport.models.quant import QuantLinear, dequantize_weight, quantize_model, quantize_weight
 
 SPECS = [QuantSpec(4, 32, False), QuantSpec(4, 16, True), QuantSpec(8, 32, True), QuantSpec(8, 64, False)]
 

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specexport.models import KVCache, load_model  # noqa: E402
-from specexport.models.quant import QuantLinear, QuantSpec, quantize_model  # noqa: E402
+from specexport.config import QuantSpec  # noqa: E402
+from specexport.models.quant import QuantLinear, quantize_model  # noqa: E402
 
 SETTINGS = ["quant:int4:b32:asym", "quant:int4:b32:sym", "quant:int4:b128:asym", "quant:int8:b32:sym",
             "quant:int8:b128:asym"]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import DTYPES
+from ..config import DTYPES, QuantSpec
 from ..errors import SpecExportError
 from ..models import KVCache, ModelConfig, StaticKVDecoder
 from ..steps import graph_name, io_names, make_step
@@ -176,7 +176,7 @@ def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
             model = apply_quant_layers(model, entry["quant_layers"])
     model._set_rope(torch.float32)  # (not stored: computed, as at build)
     if legacy:  # (engines built before quant_layers was recorded)
-        from ..models.quant import QuantSpec, quantize_model
+        from ..models.quant import quantize_model
         model = quantize_model(model, QuantSpec(**entry["quant"]))
     state = {**load_file(str(root / entry["weights"])), **(shared or {})}
     state = {n.removeprefix("model."): t for n, t in state.items()}

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import PROMPT_LOOKUP, BuildConfig
+from ..config import PROMPT_LOOKUP, BuildConfig, QuantSpec, is_quant_spec
 from ..draft_models import load_draft
 from ..errors import SpecExportError
 from ..graphs import PER_ROW_MAX
 from ..models import LoadedModel, load_model, read_config, resolve_path
-from ..models.quant import QuantSpec, is_quant_spec, quant_layers, quantize_model
+from ..models.quant import quant_layers, quantize_model
 from ..models.layer_spec import LayerSpec, is_layers_spec
 from ..steps import graph_list
 from ..version import __version__

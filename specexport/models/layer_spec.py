@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import LAYERS_PREFIX
+from ..config import LAYERS_PREFIX, QUANT_PREFIX, QuantSpec
 from ..errors import SpecExportError
 
 AUTO = "auto"
@@ -32,7 +32,6 @@ class LayerSpec:
         layers, _, rest = body.partition(":")
         quant = None
         if rest:
-            from .quant import QUANT_PREFIX, QuantSpec
             quant = QUANT_PREFIX + rest
             QuantSpec.parse(quant)  # a bad quantization suffix fails here
         if layers == AUTO:

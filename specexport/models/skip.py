@@ -15,6 +15,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from ..config import QuantSpec
 from .decoder import StaticKVDecoder
 
 
@@ -35,7 +36,7 @@ def skip_layers(target: StaticKVDecoder, keep: tuple[int, ...]) -> StaticKVDecod
 def quantized_skip(target: StaticKVDecoder, keep: tuple[int, ...], quant: str) -> StaticKVDecoder:
     """skip_layers with the kept blocks (and lm_head) copied and weight-only quantized; embedding and final norm
     stay the target's."""
-    from .quant import QuantSpec, quantize_model
+    from .quant import quantize_model
     draft = skip_layers(target, keep)
     draft.model.layers = copy.deepcopy(draft.model.layers)
     draft.lm_head = copy.deepcopy(draft.lm_head)  # a tied lm_head gets its own codes; the embedding stays shared
