@@ -323,9 +323,14 @@ class AutoK:
         way = "pass" if by_pass <= by_chunk else "chunk"
         return (0.0 if d is None else min(by_pass, by_chunk)), way
 
+    @staticmethod
+    def _lookup_tokens(a: list[float], lens: list[int], j: int) -> float:
+        """Expected committed tokens of verifying free proposals (lens, acceptances a) at width j."""
+        return sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens))
+
     def _lookup_rate(self, B: int, a: list[float], lens: list[int], j: int) -> float:
         """Expected committed tokens per second of verifying free proposals (lens, acceptances a) at width j."""
-        return sum(expected_tokens(ai, min(n, j)) for ai, n in zip(a, lens)) / self.verify_cost(j, B)
+        return self._lookup_tokens(a, lens, j) / self.verify_cost(j, B)
 
     def _model_rate(self, B: int, rows: list[RowState], k: int, catch_up: float, estimate=None) -> float:
         """Expected committed tokens per second of a k-token model draft (its catch-up amortised), at each row's
@@ -445,7 +450,7 @@ class AutoK:
         a = [self.confident(r, s) for r, s in zip(rows, sources)]
         for j in sorted(self.ks):
             cj = self.verify_cost(j, B)
-            tokens = sum(expected_tokens(ai, min(m, j)) for ai, m in zip(a, lens))
+            tokens = self._lookup_tokens(a, lens, j)
             # the tokens it promises over target-only's must beat its extra time by `margin`
             if tokens / cj > best_rate and tokens - n > (1 + self.margin) * n * (cj / c0 - 1):
                 best, best_rate = j, tokens / cj
