@@ -5,11 +5,11 @@ the bench prompts (every n-th, to --prompts-n). Prints decode tok/s (prefill exc
 per mode, and how often A and B gave the same tokens.
 
     python tools/engine_ab.py engines/bench/q41-b1 engines/bench/other --reps 2 --prompts-n 6
-    python tools/engine_ab.py engines/smollm2 engines/smollm2 --b-one-row    # the exact 2-row step vs 1 row
+    python tools/engine_ab.py engines/smollm2 engines/smollm2 --b-rows 1    # the exact 2-row step vs 1 row
 
---b-one-row makes B's batch-1 target-only step one row (`exact_rows` forced to 1): on a CPU whose one-row
-quantized linears round differently (backends/row_probe.py) that is the inexact step, so its tokens may differ;
-the ratio is the price of the exact step.
+--b-rows N forces B's batch-1 target-only step to N rows (`exact_rows`): 1 on a CPU whose one-row quantized
+linears round differently (backends/row_probe.py) is the inexact step, so its tokens may differ, and the ratio is
+the price of the exact step; 2 runs the step as the 2-row `verify_k1` graph (an engine built with k = 1).
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--prompts-n", type=int, default=8, help="how many of the bench prompts (evenly spaced)")
     ap.add_argument("--auto", action="store_true", help="k=auto too")
-    ap.add_argument("--b-one-row", action="store_true", help="B's batch-1 target-only step on one row")
+    ap.add_argument("--b-rows", type=int, choices=(1, 2), help="B's batch-1 target-only step on this many rows")
     ap.add_argument("--no-prepack", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", default=str(PROMPTS))
     a = ap.parse_args()
     opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
     dec = {"A": SpeculativeDecoder.load(a.a, **opts), "B": SpeculativeDecoder.load(a.b, **opts)}
-    if a.b_one_row:
-        dec["B"].target._exact_rows = 1
+    if a.b_rows:
+        dec["B"].target._exact_rows = a.b_rows
     prompts = [json.loads(line) for line in open(a.prompts)]
     prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
     modes = {"target-only": dict(speculative=False)} | ({"auto": dict(k="auto")} if a.auto else {})

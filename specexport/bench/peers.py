@@ -266,18 +266,21 @@ class OrtGenAIPeer:
 
     ngram > 0 turns on its built-in n-gram (prompt lookup) speculation:
     GeneratorParams.set_speculative_options(ngram_size=ngram_size, max_draft_tokens=ngram), where ngram_size is
-    the length of the suffix that is looked up (>= 2)."""
+    the length of the suffix that is looked up (>= 2). session_options: more of ORT GenAI's decoder session
+    options (e.g. {"enable_profiling": prefix})."""
 
     name = "ort-genai"
 
-    def __init__(self, model_dir: str, ngram: int = 0, ngram_size: int = 2, threads: int | None = None):
+    def __init__(self, model_dir: str, ngram: int = 0, ngram_size: int = 2, threads: int | None = None,
+                 session_options: dict | None = None):
         import onnxruntime_genai as og
         self.og = og
         cfg = og.Config(str(model_dir))
         cfg.clear_providers()  # the CPU EP
-        if threads:
-            cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {
-                "intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}}}))
+        so = ({"intra_op_num_threads": int(threads), "inter_op_num_threads": 1} if threads else {}) \
+            | (session_options or {})
+        if so:
+            cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}}))
         self.model = og.Model(cfg)
         self.ngram, self.ngram_size = ngram, ngram_size
         gc = json.loads((Path(model_dir) / "genai_config.json").read_text())

@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""One engine against ONNX Runtime GenAI at one precision, side by side in one process: target-only (and, with
+--auto, k="auto") on each prompt, the two systems in alternating order per prompt and repetition, warm-up
+excluded. Greedy, chat template, the bench prompts (every n-th, to --prompts-n). Prints decode tok/s (prefill
+excluded, tokens 2..n as `specexport bench --peers` counts them) as geometric means and ours / theirs.
+
+A two-system run is quieter than the 15-system `specexport bench --peers` and takes minutes, not an hour:
+
+    python tools/peer_ab.py engines/bench/se-int4 --precision int4 --prompts-n 6 --reps 2
+    python tools/peer_ab.py engines/bench/se-fp32 --precision fp32 --profile /tmp/prof
+
+--profile DIR writes ONNX Runtime's per-node profiles of both (ours: one file per session; theirs: og_*.json)
+and prints the decode steps' kernel time per op type (the profiler's own overhead is in both).
+Needs the [peers] extra (`bash tools/install_peers.sh`, or `pip install -e .[peers]` for ORT GenAI alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import glob
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specexport.bench.peers import OrtGenAIPeer, chat_ids, hf_tokenizer, prepare_ortgenai_models  # noqa: E402
+from specexport.models.loading import default_model_path  # noqa: E402
+from specexport.runtime import SpeculativeDecoder  # noqa: E402
+
+PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
+
+
+def op_times(path: str, one_token: bool) -> tuple[int, float, float, dict[str, float]]:
+    """A profile's decode runs: (runs, mean run us, mean kernel us, op type -> mean us per run). one_token: keep
+    only runs whose embedding lookup reads one token per row (ORT GenAI's one session serves prefill too)."""
+    ev = json.load(open(path))
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "Session" and e["name"] == "model_run")
+    starts = [r[0] for r in runs]
+    per = [collections.Counter() for _ in runs]
+    single = [not one_token] * len(runs)
+    for e in ev:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if i < 0 or e["ts"] > runs[i][1]:
+            continue
+        op = e["args"]["op_name"]
+        per[i][op] += e["dur"]
+        if one_token and op in ("Gather", "GatherBlockQuantized"):
+            single[i] = single[i] or any(list(d.values())[0] == [1, 1] for d in e["args"]["input_type_shape"])
+    keep = [i for i in range(len(runs)) if single[i]][3:]  # the first runs warm up
+    if not keep:
+        return 0, 0.0, 0.0, {}
+    ops = collections.Counter()
+    for i in keep:
+        ops.update(per[i])
+    n = len(keep)
+    return (n, sum(runs[i][1] - runs[i][0] for i in keep) / n, sum(ops.values()) / n,
+            {k: v / n for k, v in ops.most_common()})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("engine")
+    ap.add_argument("--precision", choices=("fp32", "int4"), required=True, help="ORT GenAI's model to run")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--prompts-n", type=int, default=6, help="how many of the bench prompts (evenly spaced)")
+    ap.add_argument("--auto", action="store_true", help="our k=auto too")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", default=str(PROMPTS))
+    ap.add_argument("--profile", metavar="DIR", help="write and summarize ONNX Runtime profiles")
+    ap.add_argument("--rows", type=int, choices=(1, 2), help="force our batch-1 target-only step to this many rows "
+                    "(`exact_rows`; 1 on a CPU that needs 2 is the inexact step: the exact step's price)")
+    a = ap.parse_args()
+    gguf = default_model_path()
+    prof = os.path.abspath(a.profile) if a.profile else None
+    if prof:
+        os.makedirs(prof, exist_ok=True)
+        os.environ["SPECEXPORT_ORT_CAPI"] = "0"  # Python sessions (the C API's have no profiler switch here)
+        from specexport.backends import ort_engine
+        plain = ort_engine.OrtEngine._session_options
+
+        def profiled(self, prepack):
+            so = plain(self, prepack)
+            so.enable_profiling, so.profile_file_prefix = True, f"{prof}/se"
+            return so
+        ort_engine.OrtEngine._session_options = profiled
+    ours = SpeculativeDecoder.load(a.engine, threads=2, max_batch=1, prepack=True)
+    if a.rows:
+        ours.target._exact_rows = a.rows
+    theirs = OrtGenAIPeer(prepare_ortgenai_models(gguf, precisions=(a.precision,))[a.precision], threads=2,
+                          session_options={"enable_profiling": f"{prof}/og"} if prof else None)
+    tok = hf_tokenizer(gguf)
+    prompts = [json.loads(line) for line in open(a.prompts)]
+    prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
+    modes = {"target-only": dict(speculative=False)} | ({"auto": dict(k="auto")} if a.auto else {})
+    ids0 = chat_ids(tok, prompts[0]["prompt"])
+    ours.generate(ids0, max_new_tokens=16, speculative=False)
+    theirs.generate(ids0, 16)
+    rates: dict[str, list[float]] = {m: [] for m in modes} | {"theirs": []}
+    same = 0
+    for rep in range(a.reps):
+        for i, p in enumerate(prompts):
+            ids = chat_ids(tok, p["prompt"])
+            for who in (("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")):
+                if who == "theirs":
+                    toks, dec_s, _ = theirs.generate(ids, a.max_new_tokens)
+                    rates["theirs"].append((len(toks) - 1) / dec_s if len(toks) > 1 else 0.0)
+                    continue
+                for m, kw in modes.items():
+                    o = ours.generate(ids, max_new_tokens=a.max_new_tokens, **kw)[0]
+                    rates[m].append(o.stats.decode_rate)
+                    mine = list(o.token_ids)
+            same += mine == toks[:len(mine)]
+
+    def g(xs):
+        return float(np.exp(np.mean(np.log(xs))))
+    t = np.array(rates["theirs"])
+    print(f"ORT GenAI {a.precision}: {g(t):.1f} tok/s")
+    for m in modes:
+        r = np.array(rates[m])
+        print(f"ours {m}: {g(r):.1f} tok/s, ours / theirs {g(r / t):.3f} (per run: min {np.min(r / t):.3f}, "
+              f"max {np.max(r / t):.3f})")
+    print(f"same tokens as ORT GenAI {same}/{len(t)}")
+    if prof:
+        for s in ours.target._sessions.values():
+            s.end_profiling()
+        del theirs
+        for path in sorted(glob.glob(f"{prof}/*.json")):
+            n, run_us, kern_us, ops = op_times(path, one_token=os.path.basename(path).startswith("og"))
+            if n < 10:
+                continue
+            print(f"{os.path.basename(path)}: {n} decode runs, {run_us:.0f} us per run, kernels {kern_us:.0f} us")
+            print("  " + ", ".join(f"{k} {v:.0f}" for k, v in ops.items()))
+
+
+if __name__ == "__main__":
+    main()
