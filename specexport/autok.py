@@ -458,14 +458,16 @@ class AutoK:
 
     def free_beats_model(self, B: int, rows: list[RowState], lens: list[int], sources: list[int],
                          missing: int = 0) -> bool:
-        """Hybrid, every row has a lookup proposal: is the best free step (lookup verified at its best width,
-        or target-only) worth at least the best model step (each row's model acceptance, source 0)? Expected
-        tokens per second, as in `width` and `plan`; unmeasured model costs: free."""
+        """Hybrid, every row has a lookup proposal: is the free step (the proposals verified at the width
+        `width` picks, target-only where it picks 0) worth at least the best model step (each row's model
+        acceptance, source 0)? Expected tokens per second, as in `width` and `plan`; unmeasured model costs:
+        free. (The free step's rate is the one `width` will run: a width its guard refuses must not win here.)"""
         c0, d = self.verify_cost(0, B), self.draft_cost(1, B)
         if c0 is None or d is None:
             return True
-        a = [self.confident(r, s) for r, s in zip(rows, sources)]
-        free = max([len(rows) / c0] + [self._lookup_rate(B, a, lens, j) for j in self.ks])
+        j = self.width(B, rows, lens, sources)
+        free = self._lookup_rate(B, [self.confident(r, s) for r, s in zip(rows, sources)], lens, j) if j \
+            else len(rows) / c0
         catch_up = self.catch_up(missing, B)[0]
         return free >= max(self._model_rate(B, rows, k, catch_up) for k in self.ks)
 

@@ -470,6 +470,23 @@ def test_hybrid_picks_the_model_where_it_promises_more_than_free_lookup():
     assert _ctl(free=False).free_beats_model(1, [good_model], [4], [2])
 
 
+def test_hybrid_free_step_counts_at_the_width_it_will_run():
+    """A lookup width whose guard refuses it (its promise over target-only does not beat its extra time by the
+    margin) must not make the free step win: the free step is then target-only. Hand-forced: lookup acceptance
+    0.25 on 2 tokens promises 1.3125 tokens in c(2) = 1.3 (1.0096 tokens/s, but 0.3125 over target-only is
+    short of 1.05 x 0.3), the model's k = 2 at acceptance 0.58 gives 1.9164 tokens in 2 x 0.3 + 1.3 (1.0086):
+    more than target-only's 1.0, so the model drafts."""
+    ctl = _ctl(free=False, draft_pass=0.3)
+    forced = {0: 0.58, 2: 0.25}
+    ctl.acceptance = ctl.confident = lambda row, source=0: forced[source]
+    row = RowState()
+    assert ctl.width(1, [row], [2], [2]) == 0
+    assert ctl._lookup_rate(1, [0.25], [2], 2) > ctl._model_rate(1, [row], 2, 0.0) > 1 / COSTS[0]
+    assert not ctl.free_beats_model(1, [row], [2], [2])
+    forced[2] = 0.3  # a lookup width that passes its guard (1.39 tokens: 0.39 > 0.315) wins
+    assert ctl.width(1, [row], [2], [2]) == 2 and ctl.free_beats_model(1, [row], [2], [2])
+
+
 def test_hybrid_lookup_keeps_learning_while_the_model_drafts(tiny):
     """Where the model's proposal replaces a row's lookup proposal, the lookup proposal is checked against the
     committed tokens: without it a hybrid whose model started well never gave lookup the evidence to win back

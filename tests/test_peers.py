@@ -70,4 +70,14 @@ def test_ortgenai_plain_and_ngram_agree(ortgenai_dirs, prompt_ids, precision):
     from specexport.bench.peers import OrtGenAIPeer
     plain = _check(OrtGenAIPeer(ortgenai_dirs[precision], threads=1).generate(prompt_ids, N))
     ngram = _check(OrtGenAIPeer(ortgenai_dirs[precision], ngram=8, threads=1).generate(prompt_ids, N))
+    import onnxruntime as ort
+
+    from specexport.backends.row_probe import exact_rows
+    its_int4 = {"x": dict(bits=4, block_size=32, accuracy_level=4, shape=[64, 576], symmetric=True)}
+    if precision == "int4" and exact_rows(ort, its_int4, 1) > 1:
+        # it verifies n-gram drafts in multi-row passes and decodes in one-row passes: on a CPU whose one-row
+        # MatMulNBits rounds differently (backends/row_probe.py; stop 30's AVX2 host) its speculation is not
+        # exact (the bench measures it: 14/48 there), so only the prefill's token is the same
+        assert ngram[0] == plain[0]
+        return
     assert ngram == plain

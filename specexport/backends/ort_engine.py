@@ -36,9 +36,11 @@
   twice, the second row dropped; speculative output equals target-only output token for token. That needs the
   linears to round one row as they round it among others, which depends on the CPU: on an AVX2 CPU without
   AVX-512 a 4-bit MatMulNBits runs one row through another kernel (1e-6 apart; seen flipping a greedy token of
-  the default Q4_1 engine at k=auto). The first target-only step probes the engine's quantized formats
-  (backends/row_probe.py); where one row differs, batch-1 target-only steps run `verify_k1` (2 rows; the build
-  adds it to every fused target with quantized linears) over the current token twice with no drafts: 1.13x a
+  the default Q4_1 engine at k=auto), and so does an unpacked fp32 linear on most x86 CPUs (prepack=False:
+  2e-5 apart). The first target-only step probes the engine's quantized formats and its fp32 linears under its
+  pre-packing (backends/row_probe.py); where one row differs, batch-1 target-only steps run `verify_k1` (2 rows;
+  the build adds it to every fused target with quantized linears; else the narrowest built k's verify; the
+  portable graph set too) over the current token twice with no drafts: 1.13x a
   `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU (the smallest built k's verify, which older engines
   fall back to, costs 1.33-1.45x). Since that step is a k = 1 verify anyway, k = 1 is then a step width too
   (`free_ks`, added to the runtime's built_ks): one draft token rides in it at no cost. Batched target-only
@@ -391,10 +393,12 @@ class OrtEngine:
 
     @property
     def exact_rows(self) -> int:
-        """The fewest rows a pass needs for this engine's quantized linears to round a row as among more rows, on
-        this CPU (backends/row_probe.py; probed once, at the first target-only step): 1 on most CPUs."""
+        """The fewest rows a pass needs for this engine's linears to round a row as among more rows, on this CPU
+        (backends/row_probe.py; probed once, at the first target-only step): 1 on most CPUs with pre-packing, 2
+        without it (an unpacked one-row fp32 GEMM has its own kernel)."""
         if self._exact_rows is None:
-            self._exact_rows = 1 if self.device != "cpu" else exact_rows(self.ort, self.quant_layers, self.threads)
+            self._exact_rows = 1 if self.device != "cpu" else exact_rows(self.ort, self.quant_layers, self.threads,
+                                                                         self.prepack)
         return self._exact_rows
 
     @property
@@ -402,7 +406,7 @@ class OrtEngine:
         """Verify widths that cost what a batch-1 target-only step costs here (built or not: the runtime adds them
         to its ks): (1,) where that step is `verify_k1` (exact_rows 2), so one draft token rides in it for
         nothing; else ()."""
-        if not self.fused or "verify_k1_greedy" not in self.graphs:
+        if "verify_k1_greedy" not in self.graphs:
             return ()
         return (1,) if self.exact_rows == 2 else ()
 
@@ -417,19 +421,19 @@ class OrtEngine:
 
     def verify(self, tokens, draft_len, past_len, kv_len, k, sampling, u, q):
         name = graph_name("verify", k, sampling is not None)
-        if k == 0 and self.fused and (len(tokens) == 1 or self.batch_invariant):  # (module docstring: exactness)
-            if len(tokens) == 1 and self.exact_rows > 1:
-                # one-row linears round differently here: the step is the narrowest verify of at least exact_rows
-                # rows over the current token and copies of it that count as no drafts (row 0 is what any verify
-                # computes for this position); where none fits the cache, the exact step is the only one that runs
-                room = self.cache_len - int(past_len[0]) - 1
-                kk = next((j for j in self._exact_widths(sampling is not None) if j <= room), 0)
-                if kk:
-                    tokens = np.repeat(tokens[:, :1], kk + 1, 1)  # [1, kk+1]
-                    if sampling is not None:  # [1, kk+1]: the next token's uniform last
-                        u = np.concatenate([np.zeros((1, kk), np.float32), u[:, -1:]], 1)
-                    return self.verify(tokens, draft_len, past_len, min(kv_len + kk, self.cache_len), kk, sampling,
-                                       u, None)
+        if k == 0 and len(tokens) == 1 and self.exact_rows > 1:  # (module docstring: exactness)
+            # one-row linears round differently here: the step is the narrowest verify of at least exact_rows rows
+            # over the current token and copies of it that count as no drafts (row 0 is what any verify computes
+            # for this position); where none fits the cache, the 1-token step is the only one that runs
+            room = self.cache_len - int(past_len[0]) - 1
+            kk = next((j for j in self._exact_widths(sampling is not None) if j <= room), 0)
+            if kk:
+                tokens = np.repeat(tokens[:, :1], kk + 1, 1)  # [1, kk+1]
+                if sampling is not None:  # [1, kk+1]: the next token's uniform last
+                    u = np.concatenate([np.zeros((1, kk), np.float32), u[:, -1:]], 1)
+                return self.verify(tokens, draft_len, past_len, min(kv_len + kk, self.cache_len), kk, sampling,
+                                   u, None)
+        if k == 0 and self.fused and (len(tokens) == 1 or self.batch_invariant):
             name, kv_len = graph_name("verify_exact", 0, sampling is not None), min(kv_len + 1, self.cache_len)
         ins = dict(tokens=tokens, draft_len=draft_len, past_len=past_len)
         if sampling is not None:

@@ -4,10 +4,14 @@ Speculative output equals target-only output only if a position's logits do not 
 that computes them has. MLAS picks kernels by CPU and by row count: on an AVX2 CPU without AVX-512 (an AMD
 EPYC; ONNX Runtime 1.22 to 1.32) a 4-bit MatMulNBits with int8 activations runs one row through another kernel
 than two or more, and the results differ by about 1e-6 (8-bit codes agree; 2 to 17 rows agree with each other);
-after a near tie that flips a greedy token. `exact_rows` runs each quantized format an engine uses (its
-manifest's `quant_layers`), and the fp32 MatMul of a block-minimum term, over 1, 2, 3 and 9 rows and compares the
-first row bit for bit; where one row differs, backends/ort_engine.py runs the batch-1 target-only step through a
-2-row verify graph (`verify_k1`, which the build adds to an engine with quantized target layers).
+after a near tie that flips a greedy token. fp32 linears agree at every row count only where their weights are
+pre-packed: MLAS runs an unpacked one-row fp32 GEMM through its own kernel (`KernelM1Routine`), 2e-5 apart on
+that CPU, so an engine loaded with prepack=False differs there too. `exact_rows` runs each quantized format an
+engine uses (its manifest's `quant_layers`), the fp32 linears as the two graph sets write them (FusedMatMul,
+Gemm) and the fp32 MatMul of a block-minimum term, under the engine's pre-packing, over 1, 2, 3 and 9 rows and
+compares the first row bit for bit; where one row differs, backends/ort_engine.py runs the batch-1 target-only
+step through a verify graph of at least 2 rows (`verify_k1`, which the build adds to an engine with quantized
+target layers, else the narrowest built k's).
 
 The probe model is serialized here (protobuf by hand: the runtime does not depend on the onnx package); random
 codes, scales and zero points, a few output columns; a few milliseconds per format.
@@ -61,8 +65,9 @@ def _node(op: str, inputs: list[str], outputs: list[str], domain: str = "", **in
 
 
 def probe_model(formats: list[tuple[int, int, int, int, bool]], seed: int = 0) -> bytes:
-    """One MatMulNBits per format (bits, block_size, accuracy_level, K, zero points) over input x{K} [M, K], plus
-    an fp32 MatMul xb [M, 32] x [32, 64] (a block-minimum term's shape)."""
+    """One MatMulNBits per format (bits, block_size, accuracy_level, K, zero points) over input x{K} [M, K], an
+    fp32 MatMul xb [M, 32] x [32, 64] (a block-minimum term's shape), and the fp32 linears xf [M, 64] x w^T as
+    the fused set (FusedMatMul, transB) and the portable set (Gemm, transB, with a bias) write them."""
     rng = np.random.default_rng(seed)
     nodes, inits, outs = [], [], []
     for i, (bits, bs, acc, K, zp) in enumerate(formats):
@@ -79,27 +84,33 @@ def probe_model(formats: list[tuple[int, int, int, int, bool]], seed: int = 0) -
     inits.append(_tensor("mins", rng.standard_normal((32, 64)).astype(np.float32)))
     nodes.append(_node("MatMul", ["xb", "mins"], ["ym"]))
     outs.append(("ym", 64))
+    inits += [_tensor("wf", rng.standard_normal((96, 64)).astype(np.float32)),
+              _tensor("bf", rng.standard_normal(96).astype(np.float32))]
+    nodes += [_node("FusedMatMul", ["xf", "wf"], ["yf"], "com.microsoft", transB=1),
+              _node("Gemm", ["xf", "wf", "bf"], ["yg"], transB=1)]
+    outs += [("yf", 96), ("yg", 96)]
     widths = sorted({f[3] for f in formats})
     graph = (b"".join(_len(1, n) for n in nodes) + _str(2, "row_probe") + b"".join(_len(5, t) for t in inits)
              + b"".join(_len(11, _value_info(f"x{K}", ("M", K))) for K in widths)
-             + _len(11, _value_info("xb", ("M", 32)))
+             + _len(11, _value_info("xb", ("M", 32))) + _len(11, _value_info("xf", ("M", 64)))
              + b"".join(_len(12, _value_info(name, ("M", n))) for name, n in outs))
     opsets = _len(8, _str(1, "") + _int(2, 17)) + _len(8, _str(1, "com.microsoft") + _int(2, 1))
     return _int(1, 8) + _len(7, graph) + opsets
 
 
-def exact_rows(ort, quant_layers: dict, threads: int | None = None) -> int:
+def exact_rows(ort, quant_layers: dict, threads: int | None = None, prepack: bool = True) -> int:
     """The fewest rows a pass needs for every MatMulNBits format in `quant_layers` (a manifest entry's) and the fp32
-    MatMul to give a row the same result, bit for bit, as among more rows (3 and 9: a verify at k = 2 and 8):
-    1 where one row agrees, 2 where only one row differs (the AVX2 CPU above: MLAS runs one row through its own
-    kernel and two or more through one tiled kernel), 3 where even two differ."""
+    MatMuls, pre-packed or not (`prepack`: the engine's sessions'), to give a row the same result, bit for bit, as
+    among more rows (3 and 9: a verify at k = 2 and 8): 1 where one row agrees, 2 where only one row differs (the
+    AVX2 CPU above: MLAS runs one row through its own kernel and two or more through one tiled kernel), 3 where
+    even two differ."""
     formats = sorted({(q["bits"], q["block_size"], q.get("accuracy_level", 0), q["shape"][1], not q["symmetric"])
                       for q in quant_layers.values()})
-    if not formats:
-        return 1
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
+    if not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     sess = ort.InferenceSession(probe_model(formats), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     xs = {i.name: rng.standard_normal((9, i.shape[1])).astype(np.float32) for i in sess.get_inputs()}

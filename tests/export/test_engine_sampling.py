@@ -212,6 +212,52 @@ def test_the_row_probe_model_is_valid_onnx():
     from specexport.backends.row_probe import exact_rows, probe_model
     model = onnx.load_from_string(probe_model([(4, 32, 4, 576, True), (8, 16, 4, 64, False)]))
     onnx.checker.check_model(model)
-    assert [i.name for i in model.graph.input] == ["x64", "x576", "xb"]
+    assert [i.name for i in model.graph.input] == ["x64", "x576", "xb", "xf"]
     layers = {"a": {"bits": 4, "block_size": 32, "accuracy_level": 4, "shape": [8, 576], "symmetric": False}}
     assert exact_rows(ort, layers, 2) in (1, 2, 3) and exact_rows(ort, {}) == 1
+
+
+def _unpacked_one_row_agrees() -> bool:
+    """Built with onnx.helper (not the probe's hand serializer): does an unpacked fp32 FusedMatMul / Gemm give row 0
+    of a 1-row pass bit for bit as of a 2- and 9-row pass?"""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((200, 128)).astype(np.float32), rng.standard_normal(200).astype(np.float32)
+    nodes = [helper.make_node("FusedMatMul", ["x", "w"], ["y"], domain="com.microsoft", transB=1),
+             helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 128])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yg"],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((9, 128)).astype(np.float32)
+    out = {m: sess.run(None, {"x": x[:m]}) for m in (1, 2, 9)}
+    return all(np.array_equal(out[1][i][0], out[m][i][0]) for i in range(2) for m in (2, 9))
+
+
+@pytest.mark.parametrize("graph_set", ["fused", "portable"])
+def test_an_unpacked_fp32_engine_is_exact_where_one_row_rounds_differently(engines, portable_engines, graph_set):
+    """Without pre-packing MLAS runs a one-row fp32 GEMM through its own kernel (2e-5 apart from 2 and 9 rows on
+    this stop's AVX2 CPU), so a 1-token target step could differ from the same position in a verify: the probe
+    sees the unpacked linears (its answer equals an independent check), target-only steps then run a verify of
+    2 rows on either graph set, and greedy speculative output is target-only's, token for token."""
+    from specexport.backends.ort_engine import OrtEngine
+    dec = SpeculativeDecoder.load((engines if graph_set == "fused" else portable_engines)["llama"], prepack=False)
+    t = dec.target
+    assert isinstance(t, OrtEngine) and not t.prepack
+    assert t.exact_rows == (1 if _unpacked_one_row_agrees() else 2)
+    ran, run = [], t._run
+    t._run = lambda name, *a, **kw: ran.append(name) or run(name, *a, **kw)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 3, 1, 4]]
+    base = [dec.generate(p, max_new_tokens=10, speculative=False)[0].token_ids for p in prompts]
+    steps = {name for name in ran if name.startswith("verify")}
+    assert steps == ({"verify_k1_greedy"} if t.exact_rows == 2 else
+                     {"verify_k0_exact_greedy"} if graph_set == "fused" else {"verify_k0_greedy"})
+    for k in (1, 3, "auto"):
+        assert [dec.generate(p, max_new_tokens=10, k=k)[0].token_ids for p in prompts] == base
+    assert [o.token_ids for o in dec.generate(prompts, max_new_tokens=10, k=3)] == base
