@@ -399,6 +399,10 @@ class OrtEngine:
         if self._exact_rows is None:
             self._exact_rows = 1 if self.device != "cpu" else exact_rows(self.ort, self.quant_layers, self.threads,
                                                                          self.prepack)
+            if self.device == "cpu" and not self.fused and self.config.num_heads == self.config.num_kv_heads:
+                # the portable set's attention stacks a kv head's query heads as rows (G x T): without grouped
+                # heads a 1-token pass multiplies one row of probabilities by V, MLAS's one-row GEMV again
+                self._exact_rows = max(self._exact_rows, 2)
         return self._exact_rows
 
     @property

@@ -261,3 +261,24 @@ def test_an_unpacked_fp32_engine_is_exact_where_one_row_rounds_differently(engin
     for k in (1, 3, "auto"):
         assert [dec.generate(p, max_new_tokens=10, k=k)[0].token_ids for p in prompts] == base
     assert [o.token_ids for o in dec.generate(prompts, max_new_tokens=10, k=3)] == base
+
+
+def test_a_portable_engine_without_grouped_heads_has_a_2_row_exact_step(tmp_path):
+    """The portable set's attention stacks each kv head's query heads as rows; with as many kv heads as heads a
+    1-token pass multiplies one row of probabilities by V (MLAS's one-row GEMV: 1.5e-5 from the same row among 2
+    on this stop's CPU), so its target-only steps are a 2-row verify, and lookup output is target-only's."""
+    from helpers import SHAPES, make_tiny
+    make_tiny(tmp_path / "mha", "llama", num_key_value_heads=4)
+    out = build(BuildConfig(target=str(tmp_path / "mha"), ks=(1, 3), ops="portable", sampling=False,
+                            out=str(tmp_path / "eng"), **SHAPES), progress=False)["out"]
+    dec = SpeculativeDecoder.load(out)
+    t = dec.target
+    assert t.config.num_heads == t.config.num_kv_heads and t.exact_rows >= 2
+    assert t.free_ks == ((1,) if t.exact_rows == 2 else ())
+    ran, run = [], t._run
+    t._run = lambda name, *a, **kw: ran.append(name) or run(name, *a, **kw)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 3, 1, 4]]
+    base = [dec.generate(p, max_new_tokens=10, speculative=False)[0].token_ids for p in prompts]
+    assert {name for name in ran if name.startswith("verify")} == {f"verify_k{1 if t.exact_rows == 2 else 3}_greedy"}
+    for k in (3, "auto"):
+        assert [dec.generate(p, max_new_tokens=10, k=k)[0].token_ids for p in prompts] == base
