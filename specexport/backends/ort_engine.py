@@ -42,8 +42,8 @@
   the build adds it to every fused target with quantized linears; else the narrowest built k's verify; the
   portable graph set too) over the current token twice with no drafts: 1.13x a
   `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU (the smallest built k's verify, which older engines
-  fall back to, costs 1.33-1.45x). Since that step is a k = 1 verify anyway, k = 1 is then a step width too
-  (`free_ks`, added to the runtime's built_ks): one draft token rides in it at no cost. Batched target-only
+  fall back to, costs 1.33-1.45x). Since that step is a k = 1 verify anyway (or the narrowest built k's), that k
+  is then a step width too (`free_ks`, added to the runtime's built_ks): its draft tokens ride in it at no cost. Batched target-only
   steps (B > 1) are the batched 1-token graph, unless `batch_invariant`: then they are the exact step's per-row
   variant, and a request's tokens never depend on its batch (README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
@@ -408,11 +408,10 @@ class OrtEngine:
     @property
     def free_ks(self) -> tuple[int, ...]:
         """Verify widths that cost what a batch-1 target-only step costs here (built or not: the runtime adds them
-        to its ks): (1,) where that step is `verify_k1` (exact_rows 2), so one draft token rides in it for
+        to its ks): where one row rounds differently (exact_rows > 1) that step is the narrowest verify with
+        enough rows (`verify_k1`, else the narrowest built k's), so up to that many draft tokens ride in it for
         nothing; else ()."""
-        if "verify_k1_greedy" not in self.graphs:
-            return ()
-        return (1,) if self.exact_rows == 2 else ()
+        return self._exact_widths(False)[:1] if self.exact_rows > 1 else ()
 
     def _exact_widths(self, sampling: bool) -> tuple[int, ...]:
         """The verify widths, narrowest first, whose passes have at least exact_rows rows (the batch-1 exact

@@ -231,7 +231,8 @@ def _unpacked_one_row_agrees() -> bool:
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 128])],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yg"],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     so = ort.SessionOptions()
     so.add_session_config_entry("session.disable_prepacking", "1")
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -261,6 +262,29 @@ def test_an_unpacked_fp32_engine_is_exact_where_one_row_rounds_differently(engin
     for k in (1, 3, "auto"):
         assert [dec.generate(p, max_new_tokens=10, k=k)[0].token_ids for p in prompts] == base
     assert [o.token_ids for o in dec.generate(prompts, max_new_tokens=10, k=3)] == base
+    assert t.free_ks == ((1,) if t.exact_rows == 2 else ())
+
+
+def test_an_engine_without_k1_rides_drafts_in_its_wider_exact_step(engines):
+    """An unpacked engine built with k = 3 only, where one row rounds differently: its target-only step is the
+    k = 3 verify, so k = 3 costs a target-only step (free_ks) and lookup's proposals ride in it; tokens equal."""
+    dec = SpeculativeDecoder.load(engines["lookup"], prepack=False)
+    t = dec.target
+    if t.exact_rows == 1:
+        pytest.skip("one unpacked fp32 row rounds as among more on this CPU")
+    assert t.free_ks == (3,) and dec.built_ks() == (3,)
+    ran, run = [], t._run
+
+    def recorded(name, B, ins, *a, **kw):
+        ran.append((name, int(ins.get("draft_len", [0])[0])))
+        return run(name, B, ins, *a, **kw)
+    t._run = recorded
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 3, 1, 4]]
+    base = [dec.generate(p, max_new_tokens=12, speculative=False)[0].token_ids for p in prompts]
+    assert {name for name, _ in ran} - {"prefill"} == {"verify_k3_greedy"}
+    ran.clear()
+    assert [dec.generate(p, max_new_tokens=12, k="auto")[0].token_ids for p in prompts] == base
+    assert any(n > 0 for name, n in ran if name == "verify_k3_greedy")
 
 
 def test_a_portable_engine_without_grouped_heads_has_a_2_row_exact_step(tmp_path):
@@ -274,7 +298,7 @@ def test_a_portable_engine_without_grouped_heads_has_a_2_row_exact_step(tmp_path
     dec = SpeculativeDecoder.load(out)
     t = dec.target
     assert t.config.num_heads == t.config.num_kv_heads and t.exact_rows >= 2
-    assert t.free_ks == ((1,) if t.exact_rows == 2 else ())
+    assert t.free_ks == (1 if t.exact_rows == 2 else 3,)
     ran, run = [], t._run
     t._run = lambda name, *a, **kw: ran.append(name) or run(name, *a, **kw)
     prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 3, 1, 4]]
