@@ -43,9 +43,9 @@
   portable graph set too) over the current token twice with no drafts: 1.13x a
   `verify_k0_exact` step for the Q4_1 SmolLM2 on that CPU (the smallest built k's verify, which older engines
   fall back to, costs 1.33-1.45x). Since that step is a k = 1 verify anyway (or the narrowest built k's), that k
-  is then a step width too (`free_ks`, added to the runtime's built_ks): its draft tokens ride in it at no cost. Batched target-only
-  steps (B > 1) are the batched 1-token graph, unless `batch_invariant`: then they are the exact step's per-row
-  variant, and a request's tokens never depend on its batch (README: exactness).
+  is then a step width too (`free_ks`, added to the runtime's built_ks): its draft tokens ride in it at no cost.
+  Batched target-only steps (B > 1) are the batched 1-token graph, unless `batch_invariant`: then they are the
+  exact step's per-row variant, and a request's tokens never depend on its batch (README: exactness).
 - CUDA (onnxruntime-gpu): the same, with the KV and the step inputs and outputs on the device,
   `enable_cuda_graph` and one gpu_graph_id per (graph, batch); key_pos is then always the full S so that
   every replay has the same shapes. The provider copies the shared host weights into each session, so on
@@ -397,12 +397,14 @@ class OrtEngine:
         (backends/row_probe.py; probed once, at the first target-only step): 1 on most CPUs with pre-packing, 2
         without it (an unpacked one-row fp32 GEMM has its own kernel)."""
         if self._exact_rows is None:
-            self._exact_rows = 1 if self.device != "cpu" else exact_rows(self.ort, self.quant_layers, self.threads,
-                                                                         self.prepack)
-            if self.device == "cpu" and not self.fused and self.config.num_heads == self.config.num_kv_heads:
-                # the portable set's attention stacks a kv head's query heads as rows (G x T): without grouped
-                # heads a 1-token pass multiplies one row of probabilities by V, MLAS's one-row GEMV again
-                self._exact_rows = max(self._exact_rows, 2)
+            rows = 1
+            if self.device == "cpu":
+                rows = exact_rows(self.ort, self.quant_layers, self.threads, self.prepack)
+                if not self.fused and self.config.num_heads == self.config.num_kv_heads:
+                    # the portable set's attention stacks a kv head's query heads as rows (G x T): without grouped
+                    # heads a 1-token pass multiplies one row of probabilities by V, MLAS's one-row GEMV again
+                    rows = max(rows, 2)
+            self._exact_rows = rows
         return self._exact_rows
 
     @property
