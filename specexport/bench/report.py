@@ -281,7 +281,17 @@ def plots(result: dict, summary: dict, out: Path) -> list[str]:
     for m in result["modes"]:
         if isinstance(m["k"], int) and "@" in m["name"] and not m["name"].endswith("]"):  # ([backend] rows: tok/s
             by_drafter[m["drafter"]].append((m["k"], m["name"]))  # only)
-    files = []
+    files: list[str] = []
+
+    def save(fig, ax, name: str, xlabel: str, ylabel: str, legend_size: int) -> None:  # -> out/name
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=legend_size)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        files.append(name)
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, (d, pts) in enumerate(sorted(by_drafter.items())):
         pts.sort()
@@ -293,13 +303,7 @@ def plots(result: dict, summary: dict, out: Path) -> list[str]:
         if auto in table:
             ax.axhline(table[auto]["measured"], color=line.get_color(), ls=":", label=f"{d} auto, measured")
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xlabel("k (draft tokens per step)")
-    ax.set_ylabel("decode speedup over target-only (geomean)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "speedup_vs_k.png", dpi=120)
-    plt.close(fig)
-    files.append("speedup_vs_k.png")
+    save(fig, ax, "speedup_vs_k.png", "k (draft tokens per step)", "decode speedup over target-only (geomean)", 7)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.8 / max(1, len(by_drafter))
@@ -311,27 +315,15 @@ def plots(result: dict, summary: dict, out: Path) -> list[str]:
                 hist[j] += n
         total = sum(hist) or 1
         ax.bar([j + i * width for j in range(k + 1)], [h / total for h in hist], width, label=f"{name}")
-    ax.set_xlabel("draft tokens accepted in a step")
-    ax.set_ylabel("share of steps")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "accept_hist.png", dpi=120)
-    plt.close(fig)
-    files.append("accept_hist.png")
+    save(fig, ax, "accept_hist.png", "draft tokens accepted in a step", "share of steps", 7)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for m, c in table.items():
         per_pos = c.get("acceptance_per_pos")
         if per_pos:
             ax.plot(range(1, len(per_pos) + 1), per_pos, marker="o", label=m)
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("share of drafted tokens accepted there")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_per_pos.png", dpi=120)
-    plt.close(fig)
-    files.append("acceptance_per_pos.png")
+    save(fig, ax, "acceptance_per_pos.png", "draft position", "share of drafted tokens accepted there", 6)
     return files
 
 
