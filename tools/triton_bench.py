@@ -19,12 +19,12 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specexport.bench.load import run_clients  # noqa: E402
 from specexport.triton.client import generate  # noqa: E402
 from specexport.triton.repository import write_repository  # noqa: E402
 from specexport.triton.server import start_server  # noqa: E402
@@ -49,13 +49,7 @@ def run_level(url, model, prompts, clients, max_tokens):
             with lock:
                 results.append(r)
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(clients, client)
     errors = [r.error for r in results if r.error]
     tokens = sum(len(r.token_ids) for r in results)
     return {"clients": clients, "requests": len(results), "errors": errors, "tokens": tokens, "wall_s": wall,

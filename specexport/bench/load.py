@@ -33,6 +33,17 @@ class LoadConfig:
     threads: int | None = None
 
 
+def run_clients(clients: int, client) -> float:
+    """Run `client` in `clients` threads at once; the wall seconds until every one has returned."""
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def _run_level(batcher, prompts: list[str], clients: int, max_new_tokens: int, chat: bool) -> dict:
     """Closed loop: `clients` threads, each with one request in flight, until every prompt is done."""
     from ..serve.batcher import Chunk
@@ -67,13 +78,7 @@ def _run_level(batcher, prompts: list[str], clients: int, max_new_tokens: int, c
             done.wait()
             outs[i] = toks
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(clients, client)
     if errors:
         raise errors[0]
     n = sum(len(t) for t in outs.values())
