@@ -1,4 +1,4 @@
-"""Drafters: one narrow protocol and one flat factory.
+"""Drafters: one narrow protocol and its runtime kinds (numpy; the factory from checkpoints is draft_models.py).
 
 A drafter proposes k tokens per row after the current token (see verify.py for the words) as a Proposal:
   draft     [B, k] long   proposed tokens (padding where it has nothing to say)

