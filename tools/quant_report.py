@@ -6,8 +6,8 @@ runtime figure: `specexport bench` reports it per setting ("draft pass / target 
 
 --int8-inputs also rounds each linear's input as ONNX Runtime's MatMulNBits does with int8 activations
 (accuracy_level 4): per block of the layer's block size, to int8 at max|x| / 127. The engines' drafts compute
-that way, so this agreement is the one their acceptance follows (stop 32: the int8 copy's 0.988 without, 0.958
-with).
+that way, so this agreement is the one their acceptance follows (stop 32, the bench prompts: the int8:b128 copy's
+0.988 without, 0.960 with).
 
     python tools/quant_report.py [--prompts FILE] [--int8-inputs] [SPEC ...]     # default: the settings below
 """
