@@ -217,17 +217,20 @@ class Batch:
         return max(max(self.lengths[b] - 2 - self.draft_valid[b], 0) for b in rows)
 
     def _hybrid_lookup(self, d: HybridDrafter, rows: list[int], B: int, last_two: np.ndarray):
-        """Lookup's proposal for every row at the largest k, and which rows take it (free rows: padding). With
-        auto, where every row matched, the model still drafts (no row takes lookup) when it promises more."""
+        """Lookup's proposal for every row at the largest k, which rows take it (free rows: padding), and with
+        auto the free step's width where every row matched (autok.free_width: None, the model drafts instead
+        and no row takes lookup; -1, `width` chooses; else verified whole at that width)."""
         x = DraftInputs(last_two, self.past_len[:B], 0, self.history[:B], self.lengths[:B], None, None)
         lk, use = d.lookups(x, self.k)
         use = [take or self.reqs[b] is None for b, take in enumerate(use)]
+        whole = -1
         if all(use) and self.auto is not None:
             lens = lk.draft_len.tolist()
-            if not self.auto.free_beats_model(B, [self.acc[b] for b in rows], [lens[b] for b in rows],
-                                              [lk.source[b] for b in rows], self._draft_lag(rows)):
-                use = [self.reqs[b] is None for b in range(B)]
-        return lk, use
+            whole = self.auto.free_width(B, [self.acc[b] for b in rows], [lens[b] for b in rows],
+                                         [lk.source[b] for b in rows], self._draft_lag(rows))
+            if whole is None:
+                use, whole = [self.reqs[b] is None for b in range(B)], -1
+        return lk, use, whole
 
     def _plan_k(self, rows: list[int], B: int, free: bool = False) -> int:
         """The k to draft this step (0: a target-only step). free: every row has a free (lookup) proposal."""
@@ -261,8 +264,9 @@ class Batch:
         past_max = max(self.lengths[b] - 1 for b in rows)  # == max(past_len), known on the host without a sync
         last_two = np.stack([self.prev[:B], current], 1)  # [B, 2]
         lk = use = None
+        whole = -1  # a free step's width where lookup's matches are verified whole (-1: `width` chooses)
         if self.speculative and isinstance(d, HybridDrafter):  # lookup first: it costs no pass
-            lk, use = self._hybrid_lookup(d, rows, B, last_two)
+            lk, use, whole = self._hybrid_lookup(d, rows, B, last_two)
         free = lk is not None and all(use)  # every row takes lookup's proposal: the draft model does not run
         k = self._plan_k(rows, B, free)  # 0: a target-only step
         if not k and lk is not None and self.auto is not None and lk.longest and not self.auto.refreshing and \
@@ -300,7 +304,7 @@ class Batch:
                               for b, n in enumerate(lens)]
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
             source, model_ran = prop.source or [0] * B, prop.model_ran
-            if self.auto is not None and not model_ran and longest:  # free proposals: choose what to verify
+            if self.auto is not None and not model_ran and longest and whole < 0:  # free: choose what to verify
                 lens = draft_len.tolist()
                 capped = [min(lens[b], self.auto.cap(self.acc[b], source[b], B)) for b in range(B)]
                 j = self.auto.width(B, [self.acc[b] for b in rows], [capped[b] for b in rows],

@@ -458,16 +458,29 @@ def test_hybrid_picks_the_model_where_it_promises_more_than_free_lookup():
     good_model = _row(ctl, 0, 40, 1)
     for _ in range(20):
         ctl.observe_row(good_model, 2, 0, True)
-    assert not ctl.free_beats_model(1, [good_model], [4], [2])
+    assert ctl.free_width(1, [good_model], [4], [2]) is None
     assert not ctl.lookup_row_beats_model(good_model, 2, 4, 4)
     # lookup (3-gram) nearly always right and the model poor: free lookup wins, and keeps its row
     good_lookup = _row(ctl, 3, 40, 1)
     for _ in range(20):
         ctl.observe_row(good_lookup, 0, 0, True)
-    assert ctl.free_beats_model(1, [good_lookup], [8], [3])
+    assert ctl.free_width(1, [good_lookup], [8], [3]) == -1  # (the model does not pay: `width` chooses)
     assert ctl.lookup_row_beats_model(good_lookup, 3, 8, 4)
     # an unmeasured draft pass: the free proposal
-    assert _ctl(free=False).free_beats_model(1, [good_model], [4], [2])
+    assert _ctl(free=False).free_width(1, [good_model], [4], [2]) == -1
+
+
+def test_hybrid_verifies_a_match_whole_where_the_model_pays():
+    """Where the model pays, a lookup match replaces its step and is verified whole (the smallest built k that
+    holds it, no cap for a source without evidence) while its upper bound promises as much as the model: a match
+    comes in runs, and the first-token rate undersells it. Matches that keep failing go back to the model."""
+    ctl = _ctl(free=False, draft_pass=0.3)
+    row = _row(ctl, 0, 40, 1)  # the model pays: about 8 tokens in 8 x 0.3 + 2.2
+    assert ctl.cap(row, 3) == 2  # (prompt lookup alone would verify 2 of a first 3-gram match)
+    assert ctl.free_width(1, [row], [5], [3]) == 8 and ctl.free_width(1, [row], [3], [3]) == 4
+    for _ in range(20):
+        ctl.observe_row(row, 3, 0, True)
+    assert ctl.free_width(1, [row], [5], [3]) is None
 
 
 def test_hybrid_free_step_counts_at_the_width_it_will_run():
@@ -482,9 +495,9 @@ def test_hybrid_free_step_counts_at_the_width_it_will_run():
     row = RowState()
     assert ctl.width(1, [row], [2], [2]) == 0
     assert ctl._lookup_rate(1, [0.25], [2], 2) > ctl._model_rate(1, [row], 2, 0.0) > 1 / COSTS[0]
-    assert not ctl.free_beats_model(1, [row], [2], [2])
+    assert ctl.free_width(1, [row], [2], [2]) is None
     forced[2] = 0.3  # a lookup width that passes its guard (1.39 tokens: 0.39 > 0.315) wins
-    assert ctl.width(1, [row], [2], [2]) == 2 and ctl.free_beats_model(1, [row], [2], [2])
+    assert ctl.width(1, [row], [2], [2]) == 2 and ctl.free_width(1, [row], [2], [2]) == -1
 
 
 def test_hybrid_lookup_keeps_learning_while_the_model_drafts(tiny):
@@ -495,7 +508,7 @@ def test_hybrid_lookup_keeps_learning_while_the_model_drafts(tiny):
     dec = SpeculativeDecoder.from_pretrained(t["target"], "prompt-lookup+" + t["same"], k=4, max_seq_len=128)
     ctl = dec.autok()
     ctl.plan = lambda B, rows, missing=0, free=None: 4
-    ctl.free_beats_model = lambda *a, **kw: False
+    ctl.free_width = lambda *a, **kw: None
     ctl.lookup_row_beats_model = lambda *a, **kw: False
     ref = dec.generate([[7] * 13], max_new_tokens=30, speculative=False)[0]
     out = dec.generate([[7] * 13], max_new_tokens=30, k="auto")[0]
@@ -522,3 +535,16 @@ def test_hybrid_verifies_lookup_matches_where_the_model_does_not_pay(tiny):
     out = dec.generate(prompts, max_new_tokens=30, k="auto")
     assert [o.token_ids for o in out] == [r.token_ids for r in ref]
     assert out[0].stats.drafted_by.get("prompt-lookup", 0) > 0 and "model" not in out[0].stats.drafted_by
+
+
+def test_hybrid_whole_match_steps_keep_the_targets_tokens(tiny):
+    """Free steps whose lookup matches are verified whole (free_width returns a width: no cap, no `width`
+    choice) give target-only's tokens."""
+    t = tiny["qwen2"]
+    dec = SpeculativeDecoder.from_pretrained(t["target"], "prompt-lookup+" + t["same"], k=4, max_seq_len=128)
+    ctl = dec.autok()
+    ctl.free_width = lambda *a, **kw: 4
+    ref = dec.generate([[7] * 13], max_new_tokens=30, speculative=False)[0]
+    out = dec.generate([[7] * 13], max_new_tokens=30, k="auto")[0]
+    assert out.token_ids == ref.token_ids
+    assert out.stats.drafted_by.get("prompt-lookup", 0) > 0

@@ -8,7 +8,7 @@ is a function of the tokens before it; a draft model's proposal is a function of
 holds only committed positions, or is the target's), recorded at every position by a target-only decode that
 asks the drafter before each step (`record`). A replayed step then accepts the matching prefix of its proposal and
 costs its measured time, in units of a target-only step c0 (times 1 + noise x N(0, 1) when asked), and the AutoK
-controller sees what batch.Batch.step shows it at batch 1: the same plan / width / free_beats_model /
+controller sees what batch.Batch.step shows it at batch 1: the same plan / width / free_width /
 lookup_row_beats_model calls and observe_row / observe_costs observations, in the same order.
 
 Trace (json): {"costs": {"verify": {"j": c(j) / c0}, "draft": d / c0}, "ks": [...], "drafter": {"ngram_min",
@@ -101,9 +101,12 @@ class Replay:
             assert md is not None, f"the trace has no draft proposal at position {i} of {prompt['id']}"
             use = self.kind == "lookup" or (self.kind == "hybrid" and src >= self.min_match)
             shadow = unused = None
+            whole = -1
             if auto is not None:
-                if self.kind == "hybrid" and use and not auto.free_beats_model(1, [row], [len(ld)], [src], 0):
-                    use = False
+                if self.kind == "hybrid" and use:
+                    whole = auto.free_width(1, [row], [len(ld)], [src], 0)
+                    if whole is None:
+                        use, whole = False, -1
                 free = use if self.kind == "hybrid" else None
                 k = auto.plan(1, [row], 0, free)
                 if self.kind == "hybrid" and not k and ld and not auto.refreshing \
@@ -126,7 +129,7 @@ class Replay:
                         unused = ld if self.kind == "hybrid" and auto is not None and ld else None
                     ran = True
                 L = len(prop)
-                if auto is not None and not ran and L:  # free proposals: choose what to verify
+                if auto is not None and not ran and L and whole < 0:  # free proposals: choose what to verify
                     capped = min(L, auto.cap(row, source))
                     j = auto.width(1, [row], [capped], [source])
                     shadow, L = (prop[0], 0) if j == 0 else (None, min(capped, j))

@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""`k="auto"` with changed AutoK fields (autok.py) against the default, side by side in real runs: two decoders
+over one engine in one process; on every prompt, before the next, target-only, auto (default), auto (changed)
+and a fixed k (the order of the two autos alternating per repetition), warm-up excluded. Greedy, batch 1, chat
+template, the prompts of ../shared/bench/prompts.jsonl. Prints each prompt's ratios, then per category and
+overall the geometric means of the per-prompt medians over target-only, the changed / default ratio, and whether
+every mode gave the same tokens. The replay (tools/autok_replay.py --set) compares rules without the noise; this
+checks the result on the machine.
+
+    python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --reps 2
+    python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --no-prepack --fixed-k 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specexport.runtime import SpeculativeDecoder  # noqa: E402
+
+PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("engine")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an AutoK field of the changed decoder (repeatable)")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--fixed-k", type=int, default=8, help="the fixed k run alongside (0: none)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", default=str(PROMPTS))
+    ap.add_argument("--prompts-n", type=int, default=0, help="this many of the prompts, evenly spaced (0: all)")
+    ap.add_argument("--no-prepack", action="store_true")
+    a = ap.parse_args()
+    opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
+    default, changed = SpeculativeDecoder.load(a.engine, **opts), SpeculativeDecoder.load(a.engine, **opts)
+    ctl = changed.autok()
+    for s in a.set:
+        key, _, val = s.partition("=")
+        if not hasattr(ctl, key):
+            sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
+        setattr(ctl, key, _value(val))
+    prompts = [json.loads(line) for line in open(a.prompts)]
+    if a.prompts_n:
+        prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
+    for p in prompts[:2]:  # warm-up
+        for d in (default, changed):
+            d.generate(p["prompt"], max_new_tokens=16, chat=True, k="auto")
+    modes = [("default", default, dict(k="auto")), ("changed", changed, dict(k="auto"))]
+    if a.fixed_k:
+        modes.append((f"k{a.fixed_k}", default, dict(k=a.fixed_k)))
+    res = {}
+    for rep in range(a.reps):
+        for p in prompts:
+            r = res.setdefault(p["id"], {"cat": p.get("category", ""), "same": True, "t": []} | {m: [] for m, *_ in modes})
+            order = modes if rep % 2 == 0 else [modes[1], modes[0], *modes[2:]]
+            base = default.generate(p["prompt"], max_new_tokens=a.max_new_tokens, chat=True, speculative=False)[0]
+            r["t"].append(base.stats.decode_rate)
+            for m, d, kw in order:
+                o = d.generate(p["prompt"], max_new_tokens=a.max_new_tokens, chat=True, **kw)[0]
+                r[m].append(o.stats.decode_rate)
+                r["same"] &= o.token_ids == base.token_ids
+            print(p["id"], " ".join(f"{m} {r[m][-1] / r['t'][-1]:.3f}" for m, *_ in modes), flush=True)
+
+    def g(xs):
+        return float(np.exp(np.mean(np.log(xs))))
+
+    def med(r, x, y):
+        return float(np.median(np.array(r[x]) / np.array(r[y])))
+
+    cats = sorted({r["cat"] for r in res.values()})
+    print(f"{'mode':9s} {'all':>6s} {'lowest':>6s} " + " ".join(f"{c:>9s}" for c in cats) + "   (x target-only)")
+    for m, *_ in modes:
+        per = [med(r, m, "t") for r in res.values()]
+        print(f"{m:9s} {g(per):6.3f} {min(per):6.3f} " +
+              " ".join(f"{g([med(r, m, 't') for r in res.values() if r['cat'] == c]):9.3f}" for c in cats))
+    print(f"changed / default {g([med(r, 'changed', 'default') for r in res.values()]):.3f}; target-only "
+          f"{g([np.median(r['t']) for r in res.values()]):.1f} tok/s; every mode gave target-only's tokens on "
+          f"{sum(r['same'] for r in res.values())}/{len(res)} prompts")
+
+
+if __name__ == "__main__":
+    main()
