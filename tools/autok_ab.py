@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab_prompts  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
-
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
 
 
 def _value(text: str):
@@ -35,17 +35,12 @@ def _value(text: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("engine")
+    ab_prompts.add_args(ap)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="an AutoK field of the changed decoder (repeatable)")
-    ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--fixed-k", type=int, default=8, help="the fixed k run alongside (0: none)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--prompts", default=str(PROMPTS))
-    ap.add_argument("--prompts-n", type=int, default=0, help="this many of the prompts, evenly spaced (0: all)")
-    ap.add_argument("--no-prepack", action="store_true")
     a = ap.parse_args()
-    opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
+    opts = ab_prompts.load_opts(a)
     default, changed = SpeculativeDecoder.load(a.engine, **opts), SpeculativeDecoder.load(a.engine, **opts)
     ctl = changed.autok()
     for s in a.set:
@@ -53,12 +48,8 @@ def main() -> None:
         if not hasattr(ctl, key):
             sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
         setattr(ctl, key, _value(val))
-    prompts = [json.loads(line) for line in open(a.prompts)]
-    if a.prompts_n:
-        prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
-    for p in prompts[:2]:  # warm-up
-        for d in (default, changed):
-            d.generate(p["prompt"], max_new_tokens=16, chat=True, k="auto")
+    prompts = ab_prompts.read(a)
+    ab_prompts.warm_up((default, changed), prompts)
     modes = [("default", default, dict(k="auto")), ("changed", changed, dict(k="auto"))]
     if a.fixed_k:
         modes.append((f"k{a.fixed_k}", default, dict(k=a.fixed_k)))

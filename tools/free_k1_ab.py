@@ -14,39 +14,29 @@ the same tokens.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab_prompts  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
-
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("engine")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--prompts", default=str(PROMPTS))
-    ap.add_argument("--prompts-n", type=int, default=0, help="this many of the prompts, evenly spaced (0: all)")
-    ap.add_argument("--no-prepack", action="store_true")
+    ab_prompts.add_args(ap)
     a = ap.parse_args()
-    opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
+    opts = ab_prompts.load_opts(a)
     on, off = SpeculativeDecoder.load(a.engine, **opts), SpeculativeDecoder.load(a.engine, **opts)
     off.built_ks = lambda: tuple(sorted(off.target.ks))
     off.autok().free_ks = ()
     print("ks with the free width:", on.built_ks(), "free:", on.target.free_ks, "without:", off.built_ks(),
           "exact_rows:", on.target.exact_rows)
-    prompts = [json.loads(line) for line in open(a.prompts)]
-    if a.prompts_n:
-        prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
-    for p in prompts[:2]:  # warm-up
-        for d in (on, off):
-            d.generate(p["prompt"], max_new_tokens=16, chat=True, k="auto")
+    prompts = ab_prompts.read(a)
+    ab_prompts.warm_up((on, off), prompts)
     res, n = {}, a.max_new_tokens
     for _ in range(a.reps):
         for p in prompts:

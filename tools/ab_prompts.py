@@ -1,0 +1,40 @@
+"""What the side-by-side tools (free_k1_ab.py, autok_ab.py) share: their prompt and run options, the prompts
+(every n-th of the bench's), and the warm-up of every decoder before timing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """engine, --reps, --max-new-tokens, --prompts, --prompts-n, --no-prepack."""
+    ap.add_argument("engine")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", default=str(PROMPTS))
+    ap.add_argument("--prompts-n", type=int, default=0, help="this many of the prompts, evenly spaced (0: all)")
+    ap.add_argument("--no-prepack", action="store_true")
+
+
+def load_opts(a: argparse.Namespace) -> dict:
+    """SpeculativeDecoder.load options: 2 threads, batch 1, pre-packed unless --no-prepack."""
+    return dict(threads=2, max_batch=1, prepack=not a.no_prepack)
+
+
+def read(a: argparse.Namespace) -> list[dict]:
+    """The prompts (jsonl rows), every n-th to --prompts-n."""
+    prompts = [json.loads(line) for line in open(a.prompts)]
+    if a.prompts_n:
+        prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
+    return prompts
+
+
+def warm_up(decoders, prompts: list[dict]) -> None:
+    """Two short auto generations per decoder (sessions, graphs and autok's first costs), excluded from timing."""
+    for p in prompts[:2]:
+        for d in decoders:
+            d.generate(p["prompt"], max_new_tokens=16, chat=True, k="auto")
