@@ -179,7 +179,7 @@ class Batch:
         (identical KV). A quantized copy of the target whose cache mirrors the target's copies the rows' missing
         positions from the target's cache instead, and one that runs over the target's cache never lags
         (drafters.ModelDrafter.link_kv). -> (calls, "pass" | "chunk"), or (row-positions copied, "copy")."""
-        dec, C = self.dec, self.C
+        dec = self.dec
         gap = self._draft_lag(rows)
         if not gap:
             return 0, "pass"
