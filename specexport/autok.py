@@ -18,7 +18,15 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              standard errors over the effective trials): its evidence is mostly one-token shadow checks, a
              short memory of them is noisy, and acting on its highs is a loss. With pre-packed verifies a
              full standard error was too timid (alternating A/B, 24 prompts x 2: auto / best fixed k 0.95
-             -> 0.98, worst prompt / target-only 0.97 -> 0.99). A draft model's evidence is k tokens per
+             -> 0.98, worst prompt / target-only 0.97 -> 0.99). At a verify width j the bound is less
+             z min(1, c(j) / c(0) - 1) standard errors (`stake_z`): caution in proportion to what a
+             wrong verify costs over a target-only step (pre-packed, k = 2 at 1.11 c(0) is cheap to be
+             wrong about; without pre-packing, at 1.78-2.19 c(0), about the full z stays). Replayed, 48
+             prompts x 30 seeds of 10% cost noise: prompt lookup +1.1% and +0.7%, auto / best fixed k
+             0.961 -> 0.971 and 0.962 -> 0.969; unchanged without pre-packing and for the hybrid (30
+             seeds: its matches are mostly verified whole, at the upper bound); real runs (tools/autok_ab.py
+             --drafter prompt-lookup --set z_by_stake=false): 1.020x pre-packed, 1.039x without pre-packing,
+             the lowest prompt 1.035 -> 1.015 and 0.933 -> 1.000. A draft model's evidence is k tokens per
              step and its pay-off needs high acceptance: it uses the point estimate (with the bound, one
              rejection turned a 1.5x draft off), and while that says no, the upper bound (+ `z_upper` = 1
              standard error over every trial of the request and its prior) keeps drafting, at the k
@@ -216,6 +224,7 @@ class AutoK:
     decay: float = 0.9  # per trial (a draft token accepted or rejected): about the last 10 trials (prompt lookup)
     model_decay: float = 0.95  # a draft model's: about the last 20 (its acceptance varies less within a request)
     z: float = 0.5  # lookup decisions use the acceptance estimate less z standard errors
+    z_by_stake: bool = True  # a lookup verify's z scales with what a wrong one costs (stake_z)
     z_upper: float = 1.0  # a draft model keeps learning while its estimate + z_upper SE pays at some k
     prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request (prompt lookup)
     model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
@@ -265,11 +274,23 @@ class AutoK:
         w = self._prior_weight(source, acc.trials)
         return (acc.accepted + w * self.prior(source)) / (acc.evidence + w)
 
-    def confident(self, row: RowState, source: int = 0) -> float:
-        """What decisions use: the estimate less `z` standard errors over its effective trials. A short memory
-        is noisy, and acting on its highs (a verify right after two lucky matches) is a systematic loss."""
+    def confident(self, row: RowState, source: int = 0, z: float | None = None) -> float:
+        """What decisions use: the estimate less `z` standard errors over its effective trials (or less the `z`
+        given). A short memory is noisy, and acting on its highs (a verify right after two lucky matches) is a
+        systematic loss."""
         a, acc = self.acceptance(row, source), row.get(source)
-        return max(a - self.z * _stderr(a, acc.evidence + self._prior_weight(source, acc.trials)), 0.0)
+        z = self.z if z is None else z
+        return max(a - z * _stderr(a, acc.evidence + self._prior_weight(source, acc.trials)), 0.0)
+
+    def stake_z(self, cj: float, c0: float) -> float:
+        """The standard errors a lookup verify of measured cost cj is discounted by: `z` times its stake, what a
+        verify that commits one token costs beyond a target-only step, in target-only steps, up to one (`z`
+        itself without `z_by_stake`). Caution costs speculation where it is cheap to be wrong: pre-packed, a
+        k = 2 verify costs 1.11 target-only steps, so a wrong one loses 0.11 of a step while a right one gains
+        one or two tokens; without pre-packing it costs 1.78 (0.78 `z`) and k = 8 2.19 (the full `z`)."""
+        if not self.z_by_stake:
+            return self.z
+        return self.z * min(max(cj / c0 - 1.0, 0.0), 1.0)
 
     def upper(self, row: RowState, source: int = 0) -> float:
         """The estimate plus `z_upper` standard errors over every trial the request has shown (undecayed) and its
@@ -454,9 +475,10 @@ class AutoK:
             return 0
         n = len(rows)
         best, best_rate = 0, n / c0
-        a = [self.confident(r, s) for r, s in zip(rows, sources)]
         for j in sorted(self.ks):
             cj = self.verify_cost(j, B)
+            zj = self.stake_z(cj, c0)
+            a = [self.confident(r, s, zj) for r, s in zip(rows, sources)]
             tokens = self._lookup_tokens(a, lens, j)
             # the tokens it promises over target-only's must beat its extra time by `margin`
             if tokens / cj > best_rate and tokens - n > (1 + self.margin) * n * (cj / c0 - 1):

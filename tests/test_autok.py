@@ -93,12 +93,12 @@ def test_lookup_width_maximises_expected_rate():
         row = RowState()
         row.get(3).accepted, row.get(3).rejected = 50 * a, 50 * (1 - a)
         got = ctl.width(1, [row], [8], [3])
-        ahat = ctl.confident(row, 3)
+        ahat = {j: ctl.confident(row, 3, ctl.stake_z(COSTS[j], COSTS[0])) for j in KS}
         # a width must beat target-only's rate, and the tokens it promises over one must beat its extra time
         # by the margin: E - 1 > (1 + margin) (c(j) / c(0) - 1)
-        rates = {j: expected_tokens(ahat, j) / COSTS[j] for j in KS
-                 if expected_tokens(ahat, j) / COSTS[j] > 1 / COSTS[0]
-                 and expected_tokens(ahat, j) - 1 > (1 + ctl.margin) * (COSTS[j] / COSTS[0] - 1)}
+        rates = {j: expected_tokens(ahat[j], j) / COSTS[j] for j in KS
+                 if expected_tokens(ahat[j], j) / COSTS[j] > 1 / COSTS[0]
+                 and expected_tokens(ahat[j], j) - 1 > (1 + ctl.margin) * (COSTS[j] / COSTS[0] - 1)}
         want = max(rates, key=rates.get) if rates else 0
         assert got == want
     assert ctl.width(1, [RowState()], [0], [0]) == 0  # no proposal: a target-only step
@@ -113,6 +113,22 @@ def test_a_nearly_free_verify_needs_only_a_small_gain(c2, verified):
     row = RowState()
     row.get(1).accepted, row.get(1).rejected = 20.0, 80.0  # a = 0.2
     assert (ctl.width(1, [row], [2], [1]) == 2) is verified
+
+
+def test_a_lookup_verifys_caution_scales_with_its_stake():
+    """z_by_stake: a lookup verify's acceptance is discounted by z times what a wrong one costs beyond a
+    target-only step (in target-only steps, at most one). A thin, low estimate (a = 0.14 over 11 trials)
+    verifies its 2 tokens where k = 2 costs 1.1 target-only steps (a wrong one loses 0.1 of a step), not with
+    the full z; a verify that costs 2.19 (k = 8 without pre-packing) keeps the full z."""
+    row = RowState()
+    row.get(1).accepted, row.get(1).rejected = 1.0, 9.0
+    cheap = {0: 1.0, 2: 1.1, 4: 1.3, 8: 1.5}
+    assert _ctl(cheap).width(1, [row], [2], [1]) == 2
+    assert _ctl(cheap, z_by_stake=False).width(1, [row], [2], [1]) == 0
+    ctl = _ctl({0: 1.0, 2: 1.78, 4: 1.86, 8: 2.19})
+    assert ctl.stake_z(2.19, 1.0) == ctl.z == 0.5 and ctl.stake_z(1.78, 1.0) == pytest.approx(0.39)
+    assert ctl.width(1, [row], [8], [1]) == 0
+    assert ctl.stake_z(1.1, 1.0) == pytest.approx(0.05) and ctl.stake_z(0.95, 1.0) == 0.0
 
 
 def test_nothing_matches_means_no_verify_and_rejections_stop_after_one():
@@ -491,7 +507,7 @@ def test_hybrid_free_step_counts_at_the_width_it_will_run():
     more than target-only's 1.0, so the model drafts."""
     ctl = _ctl(free=False, draft_pass=0.3)
     forced = {0: 0.58, 2: 0.25}
-    ctl.acceptance = ctl.confident = lambda row, source=0: forced[source]
+    ctl.acceptance = ctl.confident = lambda row, source=0, z=None: forced[source]
     row = RowState()
     assert ctl.width(1, [row], [2], [2]) == 0
     assert ctl._lookup_rate(1, [0.25], [2], 2) > ctl._model_rate(1, [row], 2, 0.0) > 1 / COSTS[0]

@@ -11,18 +11,23 @@ PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.js
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
-    """engine, --reps, --max-new-tokens, --prompts, --prompts-n, --no-prepack."""
+    """engine, --reps, --max-new-tokens, --prompts, --prompts-n, --no-prepack, --drafter."""
     ap.add_argument("engine")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", default=str(PROMPTS))
     ap.add_argument("--prompts-n", type=int, default=0, help="this many of the prompts, evenly spaced (0: all)")
     ap.add_argument("--no-prepack", action="store_true")
+    ap.add_argument("--drafter", choices=("hybrid", "model", "prompt-lookup"),
+                    help="which drafter of an engine built with a draft model (default: the engine's default)")
 
 
 def load_opts(a: argparse.Namespace) -> dict:
-    """SpeculativeDecoder.load options: 2 threads, batch 1, pre-packed unless --no-prepack."""
-    return dict(threads=2, max_batch=1, prepack=not a.no_prepack)
+    """SpeculativeDecoder.load options: 2 threads, batch 1, pre-packed unless --no-prepack, --drafter."""
+    opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
+    if getattr(a, "drafter", None):
+        opts["drafter"] = a.drafter
+    return opts
 
 
 def read(a: argparse.Namespace) -> list[dict]:

@@ -9,6 +9,7 @@ checks the result on the machine.
 
     python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --reps 2
     python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --no-prepack --fixed-k 8
+    python tools/autok_ab.py engines/bench/se-fp32-int8 --drafter prompt-lookup --set z_by_stake=false --reps 3
 """
 
 from __future__ import annotations
