@@ -25,7 +25,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def load_opts(a: argparse.Namespace) -> dict:
     """SpeculativeDecoder.load options: 2 threads, batch 1, pre-packed unless --no-prepack, --drafter."""
     opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
-    if getattr(a, "drafter", None):
+    if a.drafter:
         opts["drafter"] = a.drafter
     return opts
 
