@@ -6,7 +6,7 @@ import json
 import pytest
 
 from helpers import make_tiny, word_tokenizer
-from specexport.bench.report import summarize
+from specexport.bench.report import auto_vs_fixed, summarize
 from specexport.bench.runner import read_prompts
 from specexport.cli import main
 from specexport.config import BuildConfig
@@ -63,12 +63,40 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     assert [r["id"] for r in auto["rows"]] == ["copy-3", "other-40"]
     assert auto["min_over_target_only"] == min(r["auto_over_target_only"] for r in auto["rows"]) > 0
     assert auto["geomean_over_best_fixed"] > 0 and auto["rows"][0]["best_fixed"].startswith("prompt-lookup@k")
+    assert auto["geomean_over_best_fixed_held_out"] > 0 and "... held out" in md  # (--reps 2)
     # the one fixed k a deployment could have fixed (the best geometric mean over prompts)
     single = auto["best_single_fixed"]
     assert single in auto["rows"][0]["auto_over_fixed"] and auto["geomean_over_best_single_fixed"] > 0
     assert "geomean auto / best single k" in md
     assert "min auto / target-only" in md and "| copy-3 | copy |" in md
     assert s["auto"]["target_only_again"]["min_over_target_only"] > 0  # the A/A control row
+
+
+def test_auto_over_best_fixed_k_held_out_is_free_of_the_winners_curse():
+    """Hand-forced rates, 2 repetitions: two fixed ks as fast as auto on average whose runs scatter. In hindsight
+    the fastest k per prompt is the lucky one (auto / best fixed k < 1 though no k is better); held out, the k chosen
+    on one repetition is timed on the other."""
+    def mode(name, k):
+        return {"name": name, "drafter": "prompt-lookup" if k != 0 else "none", "k": k}
+
+    def rec(auto, k2, k4):
+        rates = {"target_only": [5.0, 5.0], "prompt-lookup@auto": auto, "prompt-lookup@k2": k2, "prompt-lookup@k4": k4}
+        return {"id": "p", "category": "c", "modes": {n: {"decode_rates": r, "stats": {"k_steps": {}}}
+                                                      for n, r in rates.items()}}
+    result = {"modes": [mode("target_only", 0), mode("prompt-lookup@k2", 2), mode("prompt-lookup@k4", 4),
+                        mode("prompt-lookup@auto", "auto")],
+              "records": [rec([10.0, 10.0], [12.0, 9.0], [9.0, 12.0])]}
+    cell = auto_vs_fixed(result)["prompt-lookup@auto"]
+    row = cell["rows"][0]
+    # hindsight: k2 and k4 both have median 10.5; k2 (the first) is taken, auto / k2 per run 10/12, 10/9
+    assert row["best_fixed"] == "prompt-lookup@k2" and abs(row["auto_over_best_fixed"] - (10 / 12 + 10 / 9) / 2) < 1e-9
+    # held out: run 0 takes k4 (faster in run 1) and times it at 9; run 1 takes k2 (faster in run 0), also 9
+    assert abs(row["auto_over_best_fixed_held_out"] - 10 / 9) < 1e-9
+    assert abs(cell["geomean_over_best_fixed_held_out"] - 10 / 9) < 1e-9
+    one = {"modes": result["modes"], "records": [rec([10.0], [12.0], [9.0])]}  # one repetition: not defined
+    assert "geomean_over_best_fixed_held_out" not in auto_vs_fixed(one)["prompt-lookup@auto"]
+    one["records"][0]["modes"]["target_only"]["decode_rates"] = [5.0]
+    assert "auto_over_best_fixed_held_out" not in auto_vs_fixed(one)["prompt-lookup@auto"]["rows"][0]
 
 
 def test_bench_under_load(bench_setup, capsys):
