@@ -51,3 +51,17 @@ def test_lookup_rows_get_one_hot_q_when_sampling():
                                   np.full(2, 2, dtype=np.int64), 2, model_ran=True), x.sampling)
     assert p.q[0, 0].tolist() == [0] * 6 + [1] + [0] * 3 and p.q[0, 1, 9] == 1.0 and p.q[0].sum() == 2.0
     assert np.allclose(p.q[1], 0.1)  # the model's row keeps its q
+
+
+def test_lookup_copies_from_the_occurrence_whose_context_matches_furthest_back():
+    # the suffix "2 3 4" occurs twice before; "1 2 3 4" only once: that is the passage being copied (-> 5 6),
+    # while the latest 3-gram occurrence (-> 8 8) is a chance repeat
+    seq = np.array([1, 2, 3, 4, 5, 6, 9, 2, 3, 4, 8, 8, 0, 1, 2, 3, 4])
+    draft, n = PromptLookupDrafter(1, 3).lookup(seq, 2)
+    assert draft.tolist() == [5, 6] and n == 3  # n, the proposal's source for autok.py, stays at most ngram_max
+    draft, n = PromptLookupDrafter(1, 3, context_max=3).lookup(seq, 2)  # context no longer than the n-gram
+    assert draft.tolist() == [8, 8] and n == 3
+    # equal context: the latest occurrence with k tokens after it, else the earliest
+    assert PromptLookupDrafter(1, 3).lookup(np.array([7, 1, 2, 7, 1, 3, 7, 1]), 2)[0].tolist() == [3, 7]
+    assert PromptLookupDrafter(1, 3).lookup(np.array([7, 1, 2, 7, 1, 3, 7, 1]), 5)[0].tolist() == [2, 7, 1, 3, 7]
+    assert PromptLookupDrafter(2, 3).lookup(np.array([5, 1, 6, 1]), 2)[0].tolist() == []  # below ngram_min

@@ -10,6 +10,7 @@ checks the result on the machine.
     python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --reps 2
     python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --no-prepack --fixed-k 8
     python tools/autok_ab.py engines/bench/se-fp32-int8 --drafter prompt-lookup --set z_by_stake=false --reps 3
+    python tools/autok_ab.py engines/bench/se-fp32-int8 --lookup-set context_max=3 --fixed-k 0 --reps 2
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ab_prompts  # noqa: E402
+from specexport.drafters import PromptLookupDrafter  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
 
@@ -39,6 +41,8 @@ def main() -> None:
     ab_prompts.add_args(ap)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="an AutoK field of the changed decoder (repeatable)")
+    ap.add_argument("--lookup-set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a PromptLookupDrafter field of the changed decoder (drafters.py; repeatable)")
     ap.add_argument("--fixed-k", type=int, default=8, help="the fixed k run alongside (0: none)")
     a = ap.parse_args()
     opts = ab_prompts.load_opts(a)
@@ -49,6 +53,12 @@ def main() -> None:
         if not hasattr(ctl, key):
             sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
         setattr(ctl, key, _value(val))
+    lookup = getattr(changed.drafter, "lookup", changed.drafter)  # the hybrid's lookup, or prompt lookup itself
+    for s in a.lookup_set:
+        key, _, val = s.partition("=")
+        if not isinstance(lookup, PromptLookupDrafter) or not hasattr(lookup, key):
+            sys.exit(f"error: the decoder's prompt lookup has no field {key!r}; see specexport/drafters.py")
+        setattr(lookup, key, _value(val))
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up((default, changed), prompts)
     modes = [("default", default, dict(k="auto")), ("changed", changed, dict(k="auto"))]
