@@ -285,7 +285,7 @@ class Batch:
             catch_up_s = time.perf_counter() - t
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
-        longest, shadow, source, model_ran, unused = 0, None, [0] * B, False, None
+        longest, shadow, source, model_ran, unused, passes, handover = 0, None, [0] * B, False, None, 0, None
         if k:
             x = DraftInputs(last_two, past_len, past_max + k + 1, self.history[:B], self.lengths[:B], sampling,
                             u[:, :k])
@@ -298,12 +298,13 @@ class Batch:
                     lens = lk.draft_len.tolist()
                     use = [take and (self.reqs[b] is None or self.auto.lookup_row_beats_model(
                         self.acc[b], lk.source[b], lens[b], k)) for b, take in enumerate(use)]
-                prop = d.merge(_cut(lk, k), use, d.model.propose(x, k), sampling)
+                prop = d.merge(_cut(lk, k), use, d.model_propose(x, k, use), sampling)
                 if self.auto is not None:  # rows that took the model's proposal: their lookup proposals (if any)
                     unused = [lk.draft[b, :n].tolist() if n and not use[b] else None  # checked as the target commits
                               for b, n in enumerate(lens)]
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
-            source, model_ran = prop.source or [0] * B, prop.model_ran
+            source, model_ran, handover = prop.source or [0] * B, prop.model_ran, prop.handover
+            passes = prop.passes if model_ran else 0
             if self.auto is not None and not model_ran and longest and whole < 0:  # free: choose what to verify
                 lens = draft_len.tolist()
                 capped = [min(lens[b], self.auto.cap(self.acc[b], source[b], B)) for b in range(B)]
@@ -347,13 +348,20 @@ class Batch:
             st.proposed_hist[proposed] += 1
             ran = kd if self.auto is not None else k
             st.k_steps[ran] = st.k_steps.get(ran, 0) + 1
+            ho = handover[b] if handover is not None else None  # (j, m): the model's j tokens, then lookup's
             if proposed:  # which drafter proposed this row's draft
                 by = "model" if model_ran and source[b] == 0 else "prompt-lookup"
+                by = "model+lookup" if ho is not None else by
                 for tally, v in ((st.drafted_by, proposed), (st.accepted_by, n), (st.rejected_by, int(n < proposed)),
                                  (st.steps_by, 1)):
                     tally[by] = tally.get(by, 0) + v
             if self.auto is not None:
-                if proposed:
+                if proposed and ho is not None:  # each part counts for its own source
+                    j = ho[0]
+                    self.auto.observe_row(self.acc[b], 0, min(n, j), n < j)
+                    if n >= j:
+                        self.auto.observe_row(self.acc[b], ho[1], n - j, n < proposed)
+                elif proposed:
                     self.auto.observe_row(self.acc[b], source[b], n, n < proposed)
                 elif shadow is not None and shadow[1][b]:  # a proposal not verified: did the target pick it?
                     hit = toks[0] == shadow[0][b]
@@ -381,7 +389,7 @@ class Batch:
                     self.draft_valid[b] = self.lengths[b] - 2
         t3 = time.perf_counter()
         if self.auto is not None:
-            self.auto.observe_costs(B, kd, t3 - t1, k if model_ran else 0, t1 - t0 - catch_up_s, catch_up_calls,
+            self.auto.observe_costs(B, kd, t3 - t1, passes, t1 - t0 - catch_up_s, catch_up_calls,
                                     catch_up_s, catch_up_by)
             self.auto.end_step(k if model_ran or not isinstance(d, HybridDrafter) else 0,
                                [self.acc[b] for b in rows])  # a hybrid's model: its own first step stays a probe

@@ -97,6 +97,7 @@ class DecoderConfig:
     ngram_min: int = 1  # prompt lookup matches suffixes of ngram_min..ngram_max tokens
     ngram_max: int = 3
     min_match: int = 2  # hybrid drafting: a row takes lookup's proposal when its match is >= this many tokens
+    handover: bool = True  # hybrid drafting over the target's cache: the model hands a row over to lookup mid-draft
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
 
     def __post_init__(self):

@@ -42,7 +42,8 @@ def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make
     hybrid = spec.startswith(HYBRID_PREFIX)
     loaded = load_draft(spec.removeprefix(HYBRID_PREFIX), target, cfg)
     model = ModelDrafter(make_engine(loaded), name=loaded.source)
-    return HybridDrafter(PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max), model, cfg.min_match) if hybrid else model
+    return HybridDrafter(PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max), model, cfg.min_match,
+                         cfg.handover) if hybrid else model
 
 
 def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:

@@ -46,6 +46,9 @@ class Proposal:
     longest: int  # max(draft_len), known on the host without a device sync
     source: list[int] | None = None  # [B] per-row proposal source (None: one source, 0)
     model_ran: bool = False  # the draft model ran this step (its cache then holds every committed position)
+    passes: int = 0  # draft-model passes run (k, or fewer where every model row handed over to lookup)
+    handover: list[tuple[int, int] | None] | None = None  # [B] (j, n): the model drafted j tokens, lookup the
+    #                                                       rest from an n-gram match (HybridDrafter); None: not
 
 
 class Drafter(Protocol):
@@ -134,10 +137,18 @@ class ModelDrafter:
         k = 1 if e.ks is None or not e.fixed_shapes or getattr(e, "fused", False) else min(e.ks)
         self.engine.draft(pairs, past_len, min(int(past_len.max()) + k + 1, cache_len), k, None, None)
 
-    def propose(self, x: DraftInputs, k: int):
+    def propose(self, x: DraftInputs, k: int, until=None):
+        """until: see HybridDrafter.model_propose (an engine whose draft is a chain of passes; else ignored)."""
         B = x.last_two.shape[0]
-        draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft)
-        return Proposal(draft, q, np.full(B, k, dtype=np.int64), k, model_ran=True)
+        if until is not None and getattr(self.engine, "fused", False):
+            draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft, until)
+        else:
+            draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft)
+        i = draft.shape[1]
+        if i < k:  # the chain ended early: padding, never accepted
+            draft = np.concatenate([draft, np.zeros((B, k - i), dtype=draft.dtype)], 1)
+            q = None if q is None else np.concatenate([q, np.zeros((B, k - i, q.shape[2]), q.dtype)], 1)
+        return Proposal(draft, q, np.full(B, i, dtype=np.int64), i, model_ran=True, passes=i)
 
 
 def _no_committed_writes(d: ModelDrafter) -> None:
@@ -207,10 +218,19 @@ class HybridDrafter:
     for the other rows; rows stay ragged within one verify. A step where every row matched runs no draft pass
     (the model's cache then lags and the batch catches it up before its next draft, unless it is the target's:
     ModelDrafter.link_kv). Sources (autok.py):
-    lookup rows keep their n-gram length (>= min_match >= 1), model rows are source 0."""
+    lookup rows keep their n-gram length (>= min_match >= 1), model rows are source 0.
 
-    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter, min_match: int = 2):
+    Handover (`handover`, on by default): a draft over the target's cache keeps no state of its own, so its chain
+    of passes can end at any pass. While the model drafts, each row's committed text plus its drafts so far is
+    looked up after every pass; once that ends in a match of at least min_match tokens, the rest of the row's k
+    tokens are lookup's (one-hot q) and the row needs no more passes: the chain ends when every model row has
+    handed over. Where text returns to a passage after an edit, the passes that would re-draft it are saved.
+    Lossless: each position's q is the distribution its token was drawn from given the tokens before it (the
+    model's, or one-hot where a deterministic rule of those tokens chose lookup's)."""
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter, min_match: int = 2, handover: bool = True):
         self.lookup, self.model, self.min_match = lookup, model, max(min_match, 1)
+        self.handover = handover
         self.engine = model.engine
         self.name = f"{PROMPT_LOOKUP}+{model.name}"
 
@@ -239,6 +259,40 @@ class HybridDrafter:
         lk = self.lookup.propose(x, k)
         return lk, [s >= self.min_match for s in lk.source]
 
+    def model_propose(self, x: DraftInputs, k: int, use: list[bool]) -> Proposal:
+        """The model's k-token drafts; rows not in `use` hand over to lookup where they can (class docstring)."""
+        if not (self.handover and self.model.shares_kv and k > 1):
+            return self.model.propose(x, k)
+        B = len(use)
+        hist = [x.history[b, :x.lengths[b]] for b in range(B)]
+        split: list[tuple[int, int, np.ndarray] | None] = [None] * B
+
+        def until(drafts: np.ndarray) -> bool:  # drafts [B, i]: each model row's drafts so far
+            i = drafts.shape[1]
+            for b in range(B):
+                if not use[b] and split[b] is None:
+                    found, n = self.lookup.lookup(np.concatenate([hist[b], drafts[b]]), k - i)
+                    if n >= self.min_match and len(found):
+                        split[b] = (i, n, found)
+            return all(use[b] or split[b] is not None for b in range(B))
+
+        m = self.model.propose(x, k, until)
+        if not any(split):
+            return m
+        draft, q, draft_len = m.draft.copy(), m.q, m.draft_len.copy()
+        q = None if q is None else q.copy()
+        for b, sp in enumerate(split):
+            if sp is not None:
+                j, _, found = sp
+                draft[b, j:] = 0
+                draft[b, j:j + len(found)] = found
+                draft_len[b] = j + len(found)
+                if q is not None:
+                    q[b, j:] = 0.0
+                    q[b, np.arange(j, j + len(found)), found] = 1.0
+        return Proposal(draft, q, draft_len, int(draft_len.max()), model_ran=True, passes=m.passes,
+                        handover=[None if sp is None else sp[:2] for sp in split])
+
     def merge(self, lk: Proposal, use: list[bool], m: Proposal, sampling) -> Proposal:
         """Rows in `use` take lookup's proposal (one-hot q when sampling), the others the model's (source 0)."""
         take = np.array(use)
@@ -251,10 +305,12 @@ class HybridDrafter:
                 q[b] = 0.0
                 q[b, np.arange(q.shape[1]), draft[b]] = 1.0  # (padding past draft_len is never accepted)
         source = [s if t else 0 for s, t in zip(lk.source, use)]
-        return Proposal(draft, q, draft_len, int(draft_len.max()), source, model_ran=True)
+        handover = None if m.handover is None else [None if t else h for t, h in zip(use, m.handover)]
+        return Proposal(draft, q, draft_len, int(draft_len.max()), source, model_ran=True, passes=m.passes,
+                        handover=handover)
 
     def propose(self, x: DraftInputs, k: int) -> Proposal:
         lk, use = self.lookups(x, k)
         if all(use):
             return Proposal(lk.draft, None, lk.draft_len, lk.longest, lk.source)
-        return self.merge(lk, use, self.model.propose(x, k), x.sampling)
+        return self.merge(lk, use, self.model_propose(x, k, use), x.sampling)

@@ -22,7 +22,8 @@ class GenerationStats:
     accept_hist: list[int] = field(default_factory=list)  # [k+1]: steps that accepted 0..k drafts
     proposed_hist: list[int] = field(default_factory=list)  # [k+1]: steps that proposed 0..k drafts
     k_steps: dict[int, int] = field(default_factory=dict)  # k used -> steps (0: target-only steps)
-    drafted_by: dict[str, int] = field(default_factory=dict)  # drafter ("prompt-lookup" | "model") -> tokens
+    drafted_by: dict[str, int] = field(default_factory=dict)  # drafter ("prompt-lookup" | "model" | "model+lookup":
+    #                                                             the model handed its draft over to lookup) -> tokens
     accepted_by: dict[str, int] = field(default_factory=dict)  # drafter -> accepted tokens
     rejected_by: dict[str, int] = field(default_factory=dict)  # drafter -> steps with a rejection
     steps_by: dict[str, int] = field(default_factory=dict)  # drafter -> steps it proposed in

@@ -65,3 +65,42 @@ def test_lookup_copies_from_the_occurrence_whose_context_matches_furthest_back()
     assert PromptLookupDrafter(1, 3).lookup(np.array([7, 1, 2, 7, 1, 3, 7, 1]), 2)[0].tolist() == [3, 7]
     assert PromptLookupDrafter(1, 3).lookup(np.array([7, 1, 2, 7, 1, 3, 7, 1]), 5)[0].tolist() == [2, 7, 1, 3, 7]
     assert PromptLookupDrafter(2, 3).lookup(np.array([5, 1, 6, 1]), 2)[0].tolist() == []  # below ngram_min
+
+
+class ChainEngine:
+    """A fused draft over the target's cache (one pass per call; until may end the chain): drafts 4, 5, 6, ... with
+    a uniform q (V = 10)."""
+    fused = kv_shared = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def draft(self, last_two, past_len, kv_len, k, sampling, u, until=None):
+        B, drafts = last_two.shape[0], []
+        for i in range(k):
+            if i and until is not None and until(np.stack(drafts, 1)):
+                break
+            self.calls += 1
+            drafts.append(np.full(B, 4 + i, dtype=np.int64))
+        d = np.stack(drafts, 1)
+        return d, (np.full((*d.shape, 10), 0.1, dtype=np.float32) if sampling is not None else None)
+
+
+def test_the_model_hands_over_to_lookup_once_its_drafts_complete_a_match():
+    # row 0 ends in 1 (no match): the model drafts 4 ("1 4": still no 2-gram match), then 5: "4 5" matches the
+    # start, so lookup proposes the rest (6 9) and the row needs no third pass; row 1 never matches
+    rows = [[4, 5, 6, 9, 1], [3, 3, 8]]
+    for B, calls in ((1, 2), (2, 4)):  # the chain ends once every model row has handed over
+        eng = ChainEngine()
+        h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m"), min_match=2)
+        p = h.propose(inputs(rows[:B], k=4, sampling=object()), 4)
+        assert eng.calls == calls and p.passes == calls and p.model_ran
+        assert p.draft[0].tolist() == [4, 5, 6, 9] and p.draft_len[0] == 4 and p.handover[0] == (2, 2)
+        assert np.allclose(p.q[0, :2], 0.1)  # the model's q for its own tokens, one-hot for lookup's
+        assert p.q[0, 2].tolist() == [0] * 6 + [1] + [0] * 3 and p.q[0, 3, 9] == 1.0 and p.q[0, 3].sum() == 1.0
+        if B == 2:
+            assert p.draft[1].tolist() == [4, 5, 6, 7] and p.handover[1] is None and np.allclose(p.q[1], 0.1)
+    eng = ChainEngine()  # off: the model drafts all k
+    h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m"), min_match=2, handover=False)
+    p = h.propose(inputs(rows[:1], k=4), 4)
+    assert eng.calls == 4 and p.draft[0].tolist() == [4, 5, 6, 7] and p.handover is None

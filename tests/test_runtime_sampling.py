@@ -30,8 +30,8 @@ def small(tmp_path_factory):
     return dict(target=str(root / "target"), draft=str(root / "draft"), hf=target, hf_draft=draft)
 
 
-def exact_distribution(hf, sp: SamplingParams) -> dict[tuple, float]:
-    """P(x1 x2 x3 | PROMPT) under processed p, by enumeration."""
+def exact_distribution(hf, sp: SamplingParams, prompt: list[int] = PROMPT) -> dict[tuple, float]:
+    """P(x1 x2 x3 | prompt) under processed p, by enumeration."""
     from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                         TopKLogitsWarper, TopPLogitsWarper)
     procs = LogitsProcessorList([TemperatureLogitsWarper(sp.temperature)]
@@ -41,7 +41,7 @@ def exact_distribution(hf, sp: SamplingParams) -> dict[tuple, float]:
     with torch.no_grad():
         for prefix_len in range(NEW):
             prefixes = list(itertools.product(range(V), repeat=prefix_len))
-            ids = torch.tensor([PROMPT + list(pre) for pre in prefixes])
+            ids = torch.tensor([prompt + list(pre) for pre in prefixes])
             p = procs(None, hf(ids).logits[:, -1]).softmax(-1)
             for pre, row in zip(prefixes, p):
                 for t in range(V):
@@ -49,12 +49,12 @@ def exact_distribution(hf, sp: SamplingParams) -> dict[tuple, float]:
     return {s: v for s, v in probs.items() if len(s) == NEW}
 
 
-def sample(dec, sp: SamplingParams, n: int, batch: int = 100, **generate_kw) -> list[tuple]:
-    """n sampled continuations of PROMPT, seeds 0..n-1 (generate_kw: speculative=, k=, ...)."""
+def sample(dec, sp: SamplingParams, n: int, batch: int = 100, prompt: list[int] = PROMPT, **generate_kw) -> list[tuple]:
+    """n sampled continuations of prompt, seeds 0..n-1 (generate_kw: speculative=, k=, ...)."""
     out = []
     for start in range(0, n, batch):
         params = [SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=start + i) for i in range(batch)]
-        out += [tuple(o.token_ids) for o in dec.generate([PROMPT] * batch, max_new_tokens=NEW, sampling=params,
+        out += [tuple(o.token_ids) for o in dec.generate([prompt] * batch, max_new_tokens=NEW, sampling=params,
                                                          **generate_kw)]
     return out
 

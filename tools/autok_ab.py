@@ -10,7 +10,8 @@ checks the result on the machine.
     python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --reps 2
     python tools/autok_ab.py engines/bench/se-fp32-int8 --set whole_matches=false --no-prepack --fixed-k 8
     python tools/autok_ab.py engines/bench/se-fp32-int8 --drafter prompt-lookup --set z_by_stake=false --reps 3
-    python tools/autok_ab.py engines/bench/se-fp32-int8 --lookup-set context_max=3 --fixed-k 0 --reps 2
+    python tools/autok_ab.py engines/bench/se-fp32-int8 --drafter-set handover=false --fixed-k 0 --reps 2
+    python tools/autok_ab.py engines/bench/se-fp32-int8 --drafter-set lookup.context_max=3 --fixed-k 0
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ab_prompts  # noqa: E402
-from specexport.drafters import PromptLookupDrafter  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
 
@@ -41,8 +41,9 @@ def main() -> None:
     ab_prompts.add_args(ap)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="an AutoK field of the changed decoder (repeatable)")
-    ap.add_argument("--lookup-set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a PromptLookupDrafter field of the changed decoder (drafters.py; repeatable)")
+    ap.add_argument("--drafter-set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a field of the changed decoder's drafter (drafters.py; the hybrid's lookup as "
+                         "lookup.FIELD; repeatable)")
     ap.add_argument("--fixed-k", type=int, default=8, help="the fixed k run alongside (0: none)")
     a = ap.parse_args()
     opts = ab_prompts.load_opts(a)
@@ -53,12 +54,15 @@ def main() -> None:
         if not hasattr(ctl, key):
             sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
         setattr(ctl, key, _value(val))
-    lookup = getattr(changed.drafter, "lookup", changed.drafter)  # the hybrid's lookup, or prompt lookup itself
-    for s in a.lookup_set:
-        key, _, val = s.partition("=")
-        if not isinstance(lookup, PromptLookupDrafter) or not hasattr(lookup, key):
-            sys.exit(f"error: the decoder's prompt lookup has no field {key!r}; see specexport/drafters.py")
-        setattr(lookup, key, _value(val))
+    for s in a.drafter_set:
+        path, _, val = s.partition("=")
+        *parents, key = path.split(".")
+        obj = changed.drafter
+        for p in parents:
+            obj = getattr(obj, p, None)
+        if obj is None or not hasattr(obj, key) or callable(getattr(obj, key)):
+            sys.exit(f"error: the decoder's drafter has no field {path!r}; see specexport/drafters.py")
+        setattr(obj, key, _value(val))
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up((default, changed), prompts)
     modes = [("default", default, dict(k="auto")), ("changed", changed, dict(k="auto"))]

@@ -349,10 +349,11 @@ class OrtEngine:
             a += n
         return outs[0] if len(outs) == 1 else [np.concatenate(parts) for parts in zip(*outs)]
 
-    def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u):
+    def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u, until=None):
         """A fused draft: k one-pass calls. The first pass re-reads the last two committed tokens (at batch > 1 as
         two one-token passes, the first only writing its KV), or, over the target's caches (share_kv), feeds the
-        current token alone; each later pass feeds the previous draft token."""
+        current token alone; each later pass feeds the previous draft token. until(drafts [B, i]) -> True ends the
+        chain after i < k passes (the drafts returned are then [B, i])."""
         B, mode = len(last_two), sampling is not None
 
         def one(tokens, pos, i):  # -> draft token [B], q [B, 1, V] or None (copies: the buffers are reused)
@@ -371,6 +372,8 @@ class OrtEngine:
             d, q = one(last_two, past_len, 0)
         drafts, qs = [d], [q]
         for i in range(1, k):
+            if until is not None and until(np.stack(drafts, 1)):
+                break
             d, q = one(d[:, None], past_len + i, i)
             drafts.append(d)
             qs.append(q)
@@ -382,9 +385,10 @@ class OrtEngine:
         return self._run("prefill", len(tokens), dict(tokens=tokens, past_len=past_len, last_index=last_index),
                          kv_len, row0)[0]
 
-    def draft(self, last_two, past_len, kv_len, k, sampling, u):
+    def draft(self, last_two, past_len, kv_len, k, sampling, u, until=None):
+        """until: see _draft_passes (a fused draft's chain only; a k-pass graph runs its k passes)."""
         if self.fused:
-            return self._draft_passes(last_two, past_len, kv_len, k, sampling, u)
+            return self._draft_passes(last_two, past_len, kv_len, k, sampling, u, until)
         ins = dict(last_two=last_two, past_len=past_len)
         if sampling is not None:
             ins.update(_sampling(sampling), u=u)

@@ -65,6 +65,7 @@ class Replay:
     noise: float = 0.0
     switch: float = 0.0
     seed: int = 0
+    handover: bool = True
     ks: tuple[int, ...] = field(init=False)
 
     def __post_init__(self):
@@ -74,6 +75,7 @@ class Replay:
         if not isinstance(d, dict):
             d = {}
         self.min_match = d.get("min_match", 2)  # the hybrid takes lookup's proposal from this n-gram length
+        self.handover = bool(d.get("shares_kv")) and self.handover  # the hybrid's model hands over (drafters.py)
         self.lookup = PromptLookupDrafter(d.get("ngram_min", 1), d.get("ngram_max", 3))
         self.cost = {int(j): c for j, c in self.trace["costs"]["verify"].items()}
         self.cost[0] = 1.0
@@ -115,7 +117,7 @@ class Replay:
                 free = auto.free_drafts if free is None else free
             else:
                 k, free = policy, use
-            ran, prop, source = False, [], 0
+            ran, prop, source, passes, ho = False, [], 0, k, None
             if k:
                 if free:
                     prop, source = ld[:k], src
@@ -126,6 +128,8 @@ class Replay:
                         prop, source = ld[:k], src
                     else:
                         prop = md[:k]
+                        if self.kind == "hybrid" and self.handover:
+                            prop, passes, ho = self.hand_over(ids + out[:i], prop, k)
                         unused = ld if self.kind == "hybrid" and auto is not None and ld else None
                     ran = True
                 L = len(prop)
@@ -142,10 +146,15 @@ class Replay:
             n = min(full, len(out) - i - 1)  # (the request ends at len(out))
             nv, nd = (noise[0][i], noise[1][i]) if noise is not None else (1.0, 1.0)
             vt = self.cost[kd] * nv + (self.switch if kd == 0 and last else 0.0)
-            dt = k * self.d * nd if ran else 0.0
+            dt = passes * self.d * nd if ran else 0.0
             if auto is not None:
-                if L:  # a match to the end of the recorded tokens: not known to be rejected
-                    auto.observe_row(row, source, n, full < L and full < len(out) - i)
+                known = full < len(out) - i  # a match to the end of the recorded tokens: not known to be rejected
+                if L and ho is not None:  # the model's part, then lookup's (batch.py)
+                    auto.observe_row(row, 0, min(n, ho[0]), full < ho[0] and known)
+                    if full >= ho[0]:
+                        auto.observe_row(row, ho[1], n - ho[0], full < L and known)
+                elif L:
+                    auto.observe_row(row, source, n, full < L and known)
                 elif shadow is not None:
                     hit = shadow == out[i]
                     auto.observe_row(row, source, int(hit), not hit)
@@ -153,13 +162,21 @@ class Replay:
                     toks = out[i:i + n + 1]
                     m = matched(unused, toks)
                     auto.observe_row(row, src, m, m < min(len(unused), len(toks)))
-                auto.observe_costs(1, kd, vt, k if ran else 0, dt)
+                auto.observe_costs(1, kd, vt, passes if ran else 0, dt)
                 auto.end_step(k if ran or self.kind != "hybrid" else 0, [row])
-            steps.append(Step(kd, k if ran else 0, L, n, source))
+            steps.append(Step(kd, passes if ran else 0, L, n, source))
             t += vt + dt
             i += n + 1
             last = kd
         return (len(out) - 1) / t, steps  # target-only: len(out) - 1 steps of c0 = 1
+
+    def hand_over(self, seq: list[int], md: list[int], k: int) -> tuple[list[int], int, tuple[int, int] | None]:
+        """The hybrid's handover (drafters.HybridDrafter) -> (proposal, passes, (j, n) or None)."""
+        for j in range(1, k):
+            found, n = self.lookup.lookup(np.array(seq + md[:j], dtype=np.int64), k - j)
+            if n >= self.min_match and len(found):
+                return md[:j] + found.tolist(), j, (j, n)
+        return md, k, None
 
     def compare(self, **overrides) -> dict:
         """Every prompt at each fixed k and at auto -> per-prompt ratios to target-only and the summary."""

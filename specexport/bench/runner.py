@@ -121,7 +121,8 @@ def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
             raise SpecExportError(f"engine {path} has k values {list(dks)}, {cfg.engines[0]} has {list(ks)}: build "
                                   "all bench engines with the same --k")
         drafters[drafter.name] = decoder(drafter)
-        hybrid = HybridDrafter(PromptLookupDrafter(dcfg.ngram_min, dcfg.ngram_max), drafter, dcfg.min_match)
+        hybrid = HybridDrafter(PromptLookupDrafter(dcfg.ngram_min, dcfg.ngram_max), drafter, dcfg.min_match,
+                               dcfg.handover)
         drafters[hybrid.name] = decoder(hybrid)  # lookup where it matches, this model elsewhere
 
     def se(dec, k):

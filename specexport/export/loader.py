@@ -15,7 +15,7 @@ from ..models.config import ModelConfig
 from .manifest import read_manifest
 
 LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "min_match", "prepack",
-                "drafter", "preload", "cuda_graphs", "batch_invariant")
+                "drafter", "preload", "cuda_graphs", "batch_invariant", "handover")
 DRAFTERS = (PROMPT_LOOKUP, "model", "hybrid")
 
 
@@ -82,6 +82,7 @@ def _open(path: str, backend: str, options: dict):
                            prefill_chunk=m["prefill_chunk"], backend=backend, dtype=m["dtype"],
                            ngram_min=options.get("ngram_min", ngram[0]), ngram_max=options.get("ngram_max", ngram[1]),
                            min_match=options.get("min_match", min(2, options.get("ngram_max", ngram[1]))),
+                           handover=options.get("handover", True),
                            threads=options.get("threads"))
     if config.threads and backend in ("torch", "torchscript", "pt2"):
         from ..backends.torch_engine import set_threads
@@ -155,7 +156,7 @@ def open_engine_dir(path: str, backend: str, **options):
     else:
         drafter = ModelDrafter(engine("draft", target), name=m["models"]["draft"]["source"])
         if choice != "model":
-            drafter = HybridDrafter(lookup, drafter, config.min_match)
+            drafter = HybridDrafter(lookup, drafter, config.min_match, config.handover)
     tokenizer = None
     if m.get("tokenizer"):
         from ..tokenizer import Tokenizer

@@ -1,13 +1,15 @@
 """Sampling through the ONNX Runtime engine (acceptance rule inside the graph) has the target's exact
 distribution: the chi-square test of tests/test_runtime_sampling.py, run on a built engine."""
 
+from collections import Counter
+
 import pytest
 
-from specexport import SpeculativeDecoder
+from specexport import SamplingParams, SpeculativeDecoder
 from specexport.config import BuildConfig
 from specexport.export.build import build
-from test_runtime_sampling import (CASES, ENGINE_SHAPES, N, chi2_pvalue, exact_distribution, sample,  # noqa: F401
-                                   small)  # (small: a fixture)
+from test_runtime_sampling import (CASES, ENGINE_SHAPES, N, NEW, chi2_pvalue, exact_distribution,  # noqa: F401
+                                   sample, small)  # (small: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +308,22 @@ def test_a_portable_engine_without_grouped_heads_has_a_2_row_exact_step(tmp_path
     assert {name for name in ran if name.startswith("verify")} == {f"verify_k{1 if t.exact_rows == 2 else 3}_greedy"}
     for k in (3, "auto"):
         assert [dec.generate(p, max_new_tokens=10, k=k)[0].token_ids for p in prompts] == base
+
+
+HANDOVER_PROMPT = [5, 0, 7, 1, 6, 2, 4, 3, 5, 1, 0, 6, 3]  # 12 distinct 2-grams: a model draft often completes one
+
+
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_the_hybrids_handover_keeps_the_target_distribution(small, quant_engine, k):  # noqa: F811
+    """The quantized copy runs over the target's cache, so the hybrid's model hands a row over to lookup once its
+    drafts complete a match (drafters.HybridDrafter): the rest of the row's q is one-hot. On this prompt about a
+    third of the steps hand over, and the samples keep the target's distribution (3N samples: at k = 2 the first
+    N read p = 0.0008 with the handover and 0.0023 without it, the next 2N 0.036 and 0.41: chance; 3N, 0.60)."""
+    assert quant_engine.drafter.shares_kv and quant_engine.drafter.handover
+    sp = CASES[0]
+    outs = quant_engine.generate([HANDOVER_PROMPT] * 100, NEW, k=k,
+                                 sampling=[SamplingParams(sp.temperature, seed=i) for i in range(100)])
+    steps = sum((Counter(o.stats.steps_by) for o in outs), Counter())
+    assert steps["model+lookup"] > 0.2 * sum(steps.values()), steps
+    samples = sample(quant_engine, sp, 3 * N, k=k, prompt=HANDOVER_PROMPT)
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp, HANDOVER_PROMPT)) > 1e-3

@@ -123,6 +123,28 @@ def test_the_draft_reads_and_writes_the_targets_cache(quant_engines, reference):
         dec.drafter.link_kv(hybrid.target)
 
 
+def test_the_hybrids_model_hands_over_to_lookup_and_keeps_the_targets_tokens(quant_engines, reference):
+    """Over the target's cache the hybrid's model ends its chain of passes once its drafts complete a lookup match
+    (drafters.HybridDrafter): greedy tokens stay the target's at a fixed k, at auto and at batch 1 and 3, and
+    the steps that hand over run fewer passes than k."""
+    hybrid = SpeculativeDecoder.load(quant_engines["quant:int8"])
+    assert hybrid.drafter.shares_kv and hybrid.drafter.handover
+    passes = []
+    propose = hybrid.drafter.model.propose
+    hybrid.drafter.model.propose = lambda x, k, until=None: passes.append((k, p := propose(x, k, until))) or p
+    for k in (3, "auto"):
+        outs = hybrid.generate(PROMPTS, NEW, k=k)
+        assert [o.token_ids for o in outs] == reference, k
+        assert [o.token_ids for o in hybrid.generate(PROMPTS[1:2], NEW, k=k)] == reference[1:2], k
+        if k == 3:
+            assert sum(o.stats.steps_by.get("model+lookup", 0) for o in outs) > 0
+    assert any(p.passes < k for k, p in passes)  # a chain that ended early
+    off = SpeculativeDecoder.load(quant_engines["quant:int8"], handover=False)
+    assert not off.drafter.handover
+    outs = off.generate(PROMPTS, NEW, k=3)
+    assert [o.token_ids for o in outs] == reference and not any("model+lookup" in o.stats.steps_by for o in outs)
+
+
 def test_a_portable_draft_copies_the_targets_cache(tiny, tmp_path, reference):
     """Portable graphs' draft rewrites the position before the current one, so it keeps its own cache: its prompt
     and its catch-up after target-only steps are the target's keys and values, copied, instead of draft passes."""
