@@ -68,6 +68,9 @@ Rule
     does not pay, the free step at the width `width` picks, unless the model promises more. Where the model
     drafts anyway, a row keeps its lookup proposal only where it promises more; where the model does not pay
     (under load), the rows' lookup proposals are verified as prompt lookup alone would (the rule above).
+    Where the model hands a row over to lookup mid-draft (drafters.HybridDrafter), its j tokens count for
+    the model and the rest, if the verify reached them, for lookup's source; d(B) is measured per pass run,
+    and the plan still prices k passes (a handover only makes the step cheaper than planned).
   Draft model (each drafted token costs a pass): before drafting, k maximises
     sum_b E(a_b, k) / (k d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).

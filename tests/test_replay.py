@@ -76,3 +76,19 @@ def test_record_matches_the_runtime_and_replays_every_kind(engines, tmp_path):
     for kind in ("lookup", "model", "hybrid"):
         s = Replay(trace, kind).compare()
         assert s["min_auto"] > 0 and set(s["fixed"]) == {1, 3}
+
+
+def test_the_hybrid_replays_the_models_handover_to_lookup():
+    """As drafters.HybridDrafter does over the target's cache (`shares_kv`): the model's drafts "101 1 2" complete a
+    2-gram match of the prompt after 3 passes, and lookup proposes the other 5 of k = 8."""
+    passage = list(range(1, 41))
+    out = [100, 101] + passage[:30]  # the text returns to the passage after one new token
+    model = {str(i): (out[i:] + [0] * 8)[:8] for i in range(len(out))}  # the draft is always right
+    trace = _trace([(passage, out)], [model]) | {"drafter": {"min_match": 2, "shares_kv": True}}
+    (on, on_steps), (off, off_steps) = (Replay(trace, "hybrid", handover=h).run(trace["prompts"][0], 8)
+                                        for h in (True, False))
+    assert (on_steps[0].passes, on_steps[0].proposed, on_steps[0].accepted) == (3, 8, 8)
+    assert (off_steps[0].passes, off_steps[0].accepted) == (8, 8)
+    assert _tokens(on_steps) == _tokens(off_steps) == len(out) - 1 and on > off
+    assert Replay(trace | {"drafter": {"min_match": 2, "shares_kv": False}}, "hybrid").run(
+        trace["prompts"][0], 8)[1][0].passes == 8  # a draft with its own cache drafts all k
