@@ -166,7 +166,7 @@ class PromptLookupDrafter:
     Text that copies a passage matches it far back, while a short n-gram also recurs elsewhere; the longest match
     is where the copy comes from. (Replayed over stop 35's traces, 48 prompts x 6 seeds of 10% cost noise: against
     the latest 3-gram occurrence, fixed k = 8 +2.7% on the bench prompts and +0.4% on the others, the hybrid at
-    auto +3.5% and +0.1%, code_edit most; the README's "Adaptive k" gives the real runs.) The matched length
+    auto +3.5% and +0.1%, code_edit most; README, "Hybrid drafting", gives the real runs.) The matched length
     reported as the proposal's source (autok.py keeps acceptance per source) stays the n-gram's, at most ngram_max."""
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 3, context_max: int = 16):
