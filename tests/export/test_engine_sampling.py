@@ -316,14 +316,16 @@ HANDOVER_PROMPT = [5, 0, 7, 1, 6, 2, 4, 3, 5, 1, 0, 6, 3]  # 12 distinct 2-grams
 @pytest.mark.parametrize("k", [2, "auto"])
 def test_the_hybrids_handover_keeps_the_target_distribution(small, quant_engine, k):  # noqa: F811
     """The quantized copy runs over the target's cache, so the hybrid's model hands a row over to lookup once its
-    drafts complete a match (drafters.HybridDrafter): the rest of the row's q is one-hot. On this prompt about a
-    third of the steps hand over, and the samples keep the target's distribution (3N samples: at k = 2 the first
-    N read p = 0.0008 with the handover and 0.0023 without it, the next 2N 0.036 and 0.41: chance; 3N, 0.60)."""
-    assert quant_engine.drafter.shares_kv and quant_engine.drafter.handover
+    drafts complete a match (drafters.HybridDrafter): the rest of the row's q is one-hot. On this prompt a quarter
+    to a third of the steps hand over, and the samples keep the target's distribution (3N samples: at k = 2 the
+    first N read p = 0.0008 with the handover and 0.0023 without it, the next 2N 0.036 and 0.41: chance; 3N, 0.60).
+    A decoder of its own: auto learns over a decoder's life, and the other tests' prompts teach it other choices."""
+    dec = SpeculativeDecoder.load(quant_engine.source, backend="onnxruntime")
+    assert dec.drafter.shares_kv and dec.drafter.handover
     sp = CASES[0]
-    outs = quant_engine.generate([HANDOVER_PROMPT] * 100, NEW, k=k,
-                                 sampling=[SamplingParams(sp.temperature, seed=i) for i in range(100)])
+    outs = dec.generate([HANDOVER_PROMPT] * 100, NEW, k=k,
+                        sampling=[SamplingParams(sp.temperature, seed=i) for i in range(100)])
     steps = sum((Counter(o.stats.steps_by) for o in outs), Counter())
-    assert steps["model+lookup"] > 0.2 * sum(steps.values()), steps
-    samples = sample(quant_engine, sp, 3 * N, k=k, prompt=HANDOVER_PROMPT)
+    assert steps["model+lookup"] > 0.15 * sum(steps.values()), steps  # (k = 2: 0.35, auto: 0.25)
+    samples = sample(dec, sp, 3 * N, k=k, prompt=HANDOVER_PROMPT)
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp, HANDOVER_PROMPT)) > 1e-3
