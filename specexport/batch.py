@@ -350,8 +350,8 @@ class Batch:
             st.k_steps[ran] = st.k_steps.get(ran, 0) + 1
             ho = handover[b] if handover is not None else None  # (j, m): the model's j tokens, then lookup's
             if proposed:  # which drafter proposed this row's draft
-                by = "model" if model_ran and source[b] == 0 else "prompt-lookup"
-                by = "model+lookup" if ho is not None else by
+                by = "model+lookup" if ho is not None else \
+                    "model" if model_ran and source[b] == 0 else "prompt-lookup"
                 for tally, v in ((st.drafted_by, proposed), (st.accepted_by, n), (st.rejected_by, int(n < proposed)),
                                  (st.steps_by, 1)):
                     tally[by] = tally.get(by, 0) + v

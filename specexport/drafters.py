@@ -213,6 +213,14 @@ class PromptLookupDrafter:
         return Proposal(draft, None, draft_len, int(draft_len.max()), source)
 
 
+def hand_over(lookup: PromptLookupDrafter, min_match: int, seq: np.ndarray, left: int) -> tuple[np.ndarray, int] | None:
+    """The hybrid's handover rule. seq: a row's committed tokens and the model's drafts so far -> lookup's proposal
+    for the `left` tokens after them and its n-gram length, where it matched at least min_match tokens; else None
+    (the model drafts on). bench/replay.py replays the same rule."""
+    found, n = lookup.lookup(seq, left)
+    return (found, n) if n >= min_match and len(found) else None
+
+
 class HybridDrafter:
     """Prompt lookup where it matched at least `min_match` tokens (its proposals cost no pass), the draft model
     for the other rows; rows stay ragged within one verify. A step where every row matched runs no draft pass
@@ -271,9 +279,9 @@ class HybridDrafter:
             i = drafts.shape[1]
             for b in range(B):
                 if not use[b] and split[b] is None:
-                    found, n = self.lookup.lookup(np.concatenate([hist[b], drafts[b]]), k - i)
-                    if n >= self.min_match and len(found):
-                        split[b] = (i, n, found)
+                    rest = hand_over(self.lookup, self.min_match, np.concatenate([hist[b], drafts[b]]), k - i)
+                    if rest is not None:
+                        split[b] = (i, rest[1], rest[0])
             return all(use[b] or split[b] is not None for b in range(B))
 
         m = self.model.propose(x, k, until)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..autok import AutoK, RowState
-from ..drafters import PromptLookupDrafter
+from ..drafters import PromptLookupDrafter, hand_over
 
 KINDS = ("lookup", "model", "hybrid")
 
@@ -171,11 +171,12 @@ class Replay:
         return (len(out) - 1) / t, steps  # target-only: len(out) - 1 steps of c0 = 1
 
     def hand_over(self, seq: list[int], md: list[int], k: int) -> tuple[list[int], int, tuple[int, int] | None]:
-        """The hybrid's handover (drafters.HybridDrafter) -> (proposal, passes, (j, n) or None)."""
+        """The hybrid's handover, by its own rule (drafters.hand_over), asked after each of the
+        model's passes -> (proposal, passes, (j, n) or None)."""
         for j in range(1, k):
-            found, n = self.lookup.lookup(np.array(seq + md[:j], dtype=np.int64), k - j)
-            if n >= self.min_match and len(found):
-                return md[:j] + found.tolist(), j, (j, n)
+            rest = hand_over(self.lookup, self.min_match, np.array(seq + md[:j], dtype=np.int64), k - j)
+            if rest is not None:
+                return md[:j] + rest[0].tolist(), j, (j, rest[1])
         return md, k, None
 
     def compare(self, **overrides) -> dict:
