@@ -98,6 +98,7 @@ class DecoderConfig:
     ngram_max: int = 3
     min_match: int = 2  # hybrid drafting: a row takes lookup's proposal when its match is >= this many tokens
     handover: bool = True  # hybrid drafting over the target's cache: the model hands a row over to lookup mid-draft
+    min_margin: float = 0.15  # a chained draft ends a row after a near-tie: top logit - runner-up < this (0: off)
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
 
     def __post_init__(self):
@@ -117,6 +118,9 @@ class DecoderConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SpecExportError(
                 f"prompt lookup needs 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
+        if not self.min_margin >= 0:
+            raise SpecExportError(f"min_margin must be >= 0 (logits; 0 turns the margin stop off), got "
+                                  f"{self.min_margin}")
         if not 1 <= self.min_match <= self.ngram_max:
             raise SpecExportError(f"min_match must be between 1 and ngram_max={self.ngram_max} (a lookup match can "
                                   f"be no longer), got {self.min_match}")

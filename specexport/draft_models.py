@@ -41,7 +41,7 @@ def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make
         return PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max)
     hybrid = spec.startswith(HYBRID_PREFIX)
     loaded = load_draft(spec.removeprefix(HYBRID_PREFIX), target, cfg)
-    model = ModelDrafter(make_engine(loaded), name=loaded.source)
+    model = ModelDrafter(make_engine(loaded), name=loaded.source, min_margin=cfg.min_margin)
     return HybridDrafter(PromptLookupDrafter(cfg.ngram_min, cfg.ngram_max), model, cfg.min_match,
                          cfg.handover) if hybrid else model
 

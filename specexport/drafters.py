@@ -9,7 +9,8 @@ A drafter proposes k tokens per row after the current token (see verify.py for t
 Kinds: a draft model of any supported family, prompt lookup (n-gram), a quantized copy of the target
 (`quant:int4` / `quant:int8[:b<block>][:sym|:asym]`, models/quant.py), which runs as a draft model, and the
 hybrid of lookup and a model (`prompt-lookup+<model>`): per row, lookup's proposal where it matched at least
-`min_match` tokens, the model's elsewhere; the model runs only when some row needs it.
+`min_match` tokens, the model's elsewhere; the model runs only when some row needs it. A draft model whose
+engine runs one pass per call ends a row's drafts after a near-tie (ModelDrafter.propose: the margin stop).
 Arrays are numpy (the Engine protocol's); draft_models.py builds drafters from checkpoints (torch).
 """
 
@@ -49,6 +50,8 @@ class Proposal:
     passes: int = 0  # draft-model passes run (k, or fewer where every model row handed over to lookup)
     handover: list[tuple[int, int] | None] | None = None  # [B] (j, n): the model drafted j tokens, lookup the
     #                                                       rest from an n-gram match (HybridDrafter); None: not
+    margin: np.ndarray | None = None  # [B, passes - 1] each draft's top logit minus its runner-up, but the last's
+    ties: tuple[int, int] = (0, 0)  # (near-ties, draft positions checked) of the model's chain (autok.py prices it)
 
 
 class Drafter(Protocol):
@@ -72,9 +75,10 @@ class ModelDrafter:
     the current token alone: every position before it is the target's.
     """
 
-    def __init__(self, engine, name: str):
+    def __init__(self, engine, name: str, min_margin: float = 0.0):
         self.engine = engine
         self.name = name
+        self.min_margin = min_margin  # the margin stop, in logits (propose); 0: off
         self.kv_source = None  # the target engine, where its KV can stand for this draft's (see link_kv)
 
     @property
@@ -137,10 +141,37 @@ class ModelDrafter:
         k = 1 if e.ks is None or not e.fixed_shapes or getattr(e, "fused", False) else min(e.ks)
         self.engine.draft(pairs, past_len, min(int(past_len.max()) + k + 1, cache_len), k, None, None)
 
-    def propose(self, x: DraftInputs, k: int, until=None):
-        """until: see HybridDrafter.model_propose (an engine whose draft is a chain of passes; else ignored)."""
+    def propose(self, x: DraftInputs, k: int, done: list[bool] | None = None, take_over=None) -> Proposal:
+        """k tokens per row, or fewer where the draft is a chain of one-pass calls (a `fused` engine), which a row
+        leaves early:
+        - after a near-tie (the margin stop): a draft token whose top logit leads the runner-up by less than
+          `min_margin` is the row's last. A quantized copy agrees with the target wherever it is clear (SmolLM2's
+          int8 copy: every draft with a margin over 0.75 was accepted), and its rejections sit at near-ties (about
+          half of the drafts under 0.1 were), so the passes after one are mostly wasted;
+        - where take_over(b, its drafts so far [i]) says so (HybridDrafter's handover: the caller fills the rest).
+        done [B]: rows whose proposal comes from elsewhere (they end at once). The chain ends when every row has.
+        Lossless: whether a row goes on depends only on the draft's own tokens and logits so far.
+        The Proposal's `margin` [B, passes - 1] holds the margins the chain saw (None: the engine gives none)."""
         B = x.last_two.shape[0]
-        if until is not None and getattr(self.engine, "fused", False):
+        end = np.full(B, k, dtype=np.int64)  # each row's proposal length
+        live = [not d for d in done] if done is not None else [True] * B
+        seen: list[np.ndarray | None] = [None]
+        ties = [0, 0]  # near-ties, positions checked
+
+        def until(drafts: np.ndarray, margin: np.ndarray | None) -> bool:  # drafts, margin [B, i]
+            i, seen[0] = drafts.shape[1], margin
+            for b in range(B):
+                if not live[b]:
+                    continue
+                tie = margin is not None and self.min_margin > 0 and margin[b, i - 1] < self.min_margin
+                ties[0] += tie
+                ties[1] += margin is not None and self.min_margin > 0
+                if tie or take_over is not None and take_over(b, drafts[b]):
+                    live[b], end[b] = False, i
+            return not any(live)
+
+        chain = getattr(self.engine, "fused", False) and k > 1
+        if chain:
             draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft, until)
         else:
             draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft)
@@ -148,7 +179,13 @@ class ModelDrafter:
         if i < k:  # the chain ended early: padding, never accepted
             draft = np.concatenate([draft, np.zeros((B, k - i), dtype=draft.dtype)], 1)
             q = None if q is None else np.concatenate([q, np.zeros((B, k - i, q.shape[2]), q.dtype)], 1)
-        return Proposal(draft, q, np.full(B, i, dtype=np.int64), i, model_ran=True, passes=i)
+        draft_len = np.minimum(end, i)
+        for b in np.flatnonzero(draft_len < i):  # rows that ended before the chain did: padding after their end
+            draft[b, draft_len[b]:] = 0
+            if q is not None:
+                q[b, draft_len[b]:] = 0.0
+        return Proposal(draft, q, draft_len, int(draft_len.max()), model_ran=True, passes=i, margin=seen[0],
+                        ties=(ties[0], ties[1]))
 
 
 def _no_committed_writes(d: ModelDrafter) -> None:
@@ -268,23 +305,21 @@ class HybridDrafter:
         return lk, [s >= self.min_match for s in lk.source]
 
     def model_propose(self, x: DraftInputs, k: int, use: list[bool]) -> Proposal:
-        """The model's k-token drafts; rows not in `use` hand over to lookup where they can (class docstring)."""
+        """The model's drafts for the rows not in `use`, which hand over to lookup where they can (class
+        docstring) and end where the model is unsure (ModelDrafter.propose)."""
         if not (self.handover and self.model.shares_kv and k > 1):
-            return self.model.propose(x, k)
+            return self.model.propose(x, k, use)
         B = len(use)
         hist = [x.history[b, :x.lengths[b]] for b in range(B)]
         split: list[tuple[int, int, np.ndarray] | None] = [None] * B
 
-        def until(drafts: np.ndarray) -> bool:  # drafts [B, i]: each model row's drafts so far
-            i = drafts.shape[1]
-            for b in range(B):
-                if not use[b] and split[b] is None:
-                    rest = hand_over(self.lookup, self.min_match, np.concatenate([hist[b], drafts[b]]), k - i)
-                    if rest is not None:
-                        split[b] = (i, rest[1], rest[0])
-            return all(use[b] or split[b] is not None for b in range(B))
+        def take_over(b: int, drafts: np.ndarray) -> bool:  # drafts [i]: row b's drafts so far
+            rest = hand_over(self.lookup, self.min_match, np.concatenate([hist[b], drafts]), k - len(drafts))
+            if rest is not None:
+                split[b] = (len(drafts), rest[1], rest[0])
+            return rest is not None
 
-        m = self.model.propose(x, k, until)
+        m = self.model.propose(x, k, use, take_over)
         if not any(split):
             return m
         draft, q, draft_len = m.draft.copy(), m.q, m.draft_len.copy()
@@ -299,7 +334,7 @@ class HybridDrafter:
                     q[b, j:] = 0.0
                     q[b, np.arange(j, j + len(found)), found] = 1.0
         return Proposal(draft, q, draft_len, int(draft_len.max()), model_ran=True, passes=m.passes,
-                        handover=[None if sp is None else sp[:2] for sp in split])
+                        handover=[None if sp is None else sp[:2] for sp in split], margin=m.margin, ties=m.ties)
 
     def merge(self, lk: Proposal, use: list[bool], m: Proposal, sampling) -> Proposal:
         """Rows in `use` take lookup's proposal (one-hot q when sampling), the others the model's (source 0)."""
@@ -315,7 +350,7 @@ class HybridDrafter:
         source = [s if t else 0 for s, t in zip(lk.source, use)]
         handover = None if m.handover is None else [None if t else h for t, h in zip(use, m.handover)]
         return Proposal(draft, q, draft_len, int(draft_len.max()), source, model_ran=True, passes=m.passes,
-                        handover=handover)
+                        handover=handover, margin=m.margin, ties=m.ties)
 
     def propose(self, x: DraftInputs, k: int) -> Proposal:
         lk, use = self.lookups(x, k)

@@ -25,7 +25,7 @@ def io_names(kind: str, k: int, sampling: bool, num_layers: int) -> tuple[list[s
     elif kind == "draft":
         ins, outs = ["last_two", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
     elif kind == "draft_pass":
-        ins, outs = ["tokens", "past_len", "key_pos"] + s_in, ["draft"] + (["q"] if sampling else [])
+        ins, outs = ["tokens", "past_len", "key_pos"] + s_in, ["draft", "q" if sampling else "margin"]
     elif kind in ("verify", "verify_exact"):
         ins = ["tokens", "draft_len", "past_len", "key_pos"] + s_in + (["q"] if sampling and k > 0 else [])
         outs = ["n_accepted", "next", "committed"]

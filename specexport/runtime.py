@@ -74,8 +74,10 @@ class SpeculativeDecoder:
         False each at its first call; default: the greedy graphs' at load), batch_invariant (fused onnxruntime
         engines: batched target-only steps run the exact per-row step too, so tokens never depend on the batch;
         default False), verify_hashes (default True), ngram_min / ngram_max (prompt lookup), min_match and
-        handover (hybrid: drafters.HybridDrafter; default True), drafter (an engine built with a draft model: 'hybrid', the default: lookup where it matches, the model
-        elsewhere; 'model'; 'prompt-lookup', without loading the draft)."""
+        handover (hybrid: drafters.HybridDrafter; default True), min_margin (a chained draft's margin stop, in
+        logits: drafters.ModelDrafter; default 0.15, 0 turns it off), drafter (an engine built with a draft model:
+        'hybrid', the default: lookup where it matches, the model elsewhere; 'model'; 'prompt-lookup', without
+        loading the draft)."""
         from .export.loader import open_engine_dir
         target, drafter, config, tokenizer, eos, source, can_sample = open_engine_dir(engine_dir, backend, **options)
         dec = cls(target, drafter, config, tokenizer, eos, source)

@@ -18,7 +18,9 @@ over the current token twice (positions past_len and past_len+1, the second row 
 uses its multi-row attention kernel, as in every verify pass (backends/ort_engine.py: exactness). The fused
 graph set (ONNX Runtime's ops, models/ort_ops.py) has no fused k-pass draft graph: its draft runs one pass per
 call, `draft_pass{W}`: tokens [B, W] (W = 1 or 2, the last W committed or drafted tokens, the last at past_len)
--> draft [B, 1] (and q [B, 1, V]), KV written in place.
+-> draft [B, 1] and, greedy, margin [B, 1] (its top logit minus the runner-up: how far the draft is from a tie) or,
+sampling, q [B, 1, V]; KV written in place. The runtime ends a chain of passes after a near-tie (drafters.py:
+ModelDrafter, the margin stop).
 Greedy graphs take no sampling inputs; in sampling graphs, rows with greedy[b] take the greedy rule (their
 temperature must be passed as 1).
 The draft's tokens and q are in the target's vocabulary (a larger draft vocabulary is cut, a smaller one
@@ -64,9 +66,10 @@ class PrefillStep(_Step):
 class DraftStep(_Step):
     """k draft-model passes fused: re-read the last two committed tokens, then feed each drafted token."""
 
-    def __init__(self, model, k: int, sampling: bool, target_vocab: int, **kw):
+    def __init__(self, model, k: int, sampling: bool, target_vocab: int, margin: bool = False, **kw):
         super().__init__(model, **kw)
         self.k, self.sampling, self.target_vocab = k, sampling, target_vocab
+        self.margin = margin and not sampling  # greedy one-pass graphs: also each draft's logit margin [B, k]
 
     def _to_target_vocab(self, logits):  # [B, 1, Vd] -> [B, 1, Vt]
         vd, vt = logits.shape[-1], self.target_vocab
@@ -87,7 +90,7 @@ class DraftStep(_Step):
         B, W = last_two.shape[0], int(last_two.shape[1])
         tokens, pos = last_two, past_len - (W - 1)
         last = torch.full_like(past_len, W - 1)  # first pass: the logits after the last re-read token
-        drafts, qs = [], []
+        drafts, qs, margins = [], [], []
         pending = None
         # exported: the passes only read the caches, one write per layer at the end (fused: GroupQueryAttention
         # writes in place, one pass per graph)
@@ -104,7 +107,12 @@ class DraftStep(_Step):
                                                         prefix[:n], prefix[n:], *pending, last)
                 pending = (pk, pv)
             logits = self._to_target_vocab(logits)  # [B, 1, V]
-            tok = logits[:, 0].argmax(-1)  # [B]
+            if self.margin:  # one TopK for the token and its margin (ties: the lower id first, as ArgMax)
+                top2 = logits[:, 0].topk(2, -1)  # [B, 2]
+                tok = top2.indices[:, 0]  # [B]
+                margins.append(top2.values[:, 0] - top2.values[:, 1])  # [B]
+            else:
+                tok = logits[:, 0].argmax(-1)  # [B]
             if self.sampling:
                 q = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)[:, 0]
                 tok = torch.where(greedy, tok, sample_from(q, u[:, i]))
@@ -117,6 +125,8 @@ class DraftStep(_Step):
         out = [torch.stack(drafts, 1)]  # [B, k]
         if self.sampling:
             out.append(torch.stack(qs, 1))  # [B, k, V]
+        if self.margin:
+            out.append(torch.stack(margins, 1))  # [B, k]
         assert out[0].shape == (B, self.k)
         return (*out, *kv)
 
@@ -174,7 +184,7 @@ def make_step(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_
     if kind == "draft":
         return DraftStep(model, k, sampling, target_vocab, **kw)
     if kind == "draft_pass":  # one pass (k = 1) over W = k tokens
-        return DraftStep(model, 1, sampling, target_vocab, **kw)
+        return DraftStep(model, 1, sampling, target_vocab, margin=True, **kw)
     if kind in ("verify", "verify_exact"):  # verify_exact: the model is traced with ops="fused_rows2"
         return VerifyStep(model, k, sampling, **kw)
     raise ValueError(kind)

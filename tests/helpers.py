@@ -82,11 +82,11 @@ def watch_draft_writes(dec) -> dict:
     eng, model = dec.drafter.engine, getattr(dec.drafter, "model", dec.drafter)
     propose, run, current, checked = model.propose, eng._run, [], {"calls": 0}
 
-    def watched_propose(x, k, until=None):
+    def watched_propose(x, k, *a):
         B, n = len(x.past_len), int(x.past_len.max())
         before = [a[:B, :, :n].copy() for a in dec.target._kv_np]
         current.append(x.past_len.copy())
-        out = propose(x, k, until)
+        out = propose(x, k, *a)
         for a, b in zip(dec.target._kv_np, before):
             for row, p in enumerate(x.past_len.tolist()):
                 assert np.array_equal(a[row, :, :p], b[row, :, :p]), "the draft wrote a committed position"

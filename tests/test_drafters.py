@@ -69,16 +69,17 @@ def test_lookup_copies_from_the_occurrence_whose_context_matches_furthest_back()
 
 class ChainEngine:
     """A fused draft over the target's cache (one pass per call; until may end the chain): drafts 4, 5, 6, ... with
-    a uniform q (V = 10)."""
+    a uniform q (V = 10); margins [B, k]: the margin of each row's i-th draft (None: the engine reports none)."""
     fused = kv_shared = True
 
-    def __init__(self):
-        self.calls = 0
+    def __init__(self, margins=None):
+        self.calls, self.margins = 0, margins
 
     def draft(self, last_two, past_len, kv_len, k, sampling, u, until=None):
         B, drafts = last_two.shape[0], []
         for i in range(k):
-            if i and until is not None and until(np.stack(drafts, 1)):
+            m = None if self.margins is None else np.asarray(self.margins, np.float32)[:B, :i]
+            if i and until is not None and until(np.stack(drafts, 1), m):
                 break
             self.calls += 1
             drafts.append(np.full(B, 4 + i, dtype=np.int64))
@@ -104,3 +105,34 @@ def test_the_model_hands_over_to_lookup_once_its_drafts_complete_a_match():
     h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m"), min_match=2, handover=False)
     p = h.propose(inputs(rows[:1], k=4), 4)
     assert eng.calls == 4 and p.draft[0].tolist() == [4, 5, 6, 7] and p.handover is None
+
+
+def test_a_row_ends_its_drafts_after_a_near_tie():
+    """The margin stop (ModelDrafter.min_margin): a draft whose top logit leads the runner-up by less than
+    min_margin is its row's last; the other rows go on, and the chain ends when every row has ended."""
+    margins = [[2.0, 0.05, 3.0, 3.0], [2.0, 2.0, 2.0, 0.1], [0.1, 3.0, 3.0, 3.0]]
+    eng = ChainEngine(margins)
+    p = ModelDrafter(eng, "m", min_margin=0.15).propose(inputs([[1, 2], [1, 3], [2, 3]], k=4, sampling=object()), 4)
+    assert eng.calls == 4 and p.passes == 4  # row 1 never ties before its last draft
+    assert p.draft_len.tolist() == [2, 4, 1] and p.longest == 4
+    assert p.draft.tolist() == [[4, 5, 0, 0], [4, 5, 6, 7], [4, 0, 0, 0]]  # padding after a row's end
+    assert np.allclose(p.q[0, :2], 0.1) and not p.q[0, 2:].any() and not p.q[2, 1:].any()
+    assert np.allclose(p.margin, np.asarray(margins, np.float32)[:, :3])
+    eng2 = ChainEngine([margins[0], margins[2]])  # rows 0 and 2 alone: the chain ends after row 0's second pass
+    p = ModelDrafter(eng2, "m", min_margin=0.15).propose(inputs([[1, 2], [2, 3]], k=4), 4)
+    assert eng2.calls == 2 and p.passes == 2 and p.draft_len.tolist() == [2, 1] and p.draft.shape == (2, 4)
+    for off in (ModelDrafter(ChainEngine(margins), "m"), ModelDrafter(ChainEngine(None), "m", min_margin=0.15)):
+        p = off.propose(inputs([[1, 2], [1, 3], [2, 3]], k=4), 4)  # off, or an engine without margins: all k
+        assert p.passes == 4 and p.draft_len.tolist() == [4, 4, 4]
+
+
+def test_the_margin_stop_comes_before_the_handover():
+    """In the hybrid, a row whose draft ties ends there, even where its drafts so far would complete a lookup
+    match; rows that take lookup's proposal outright do not hold the chain."""
+    rows = [[4, 5, 6, 9, 1], [4, 5, 6, 9, 1]]  # "... 4 5" would match the start after the second draft
+    eng = ChainEngine([[3.0, 0.05, 3.0, 3.0], [3.0, 3.0, 3.0, 3.0]])
+    h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m", min_margin=0.15), min_match=2)
+    p = h.propose(inputs(rows, k=4), 4)
+    assert p.draft[0].tolist() == [4, 5, 0, 0] and p.draft_len[0] == 2 and p.handover[0] is None
+    assert p.draft[1].tolist() == [4, 5, 6, 9] and p.handover[1] == (2, 2)
+    assert eng.calls == 2

@@ -32,7 +32,8 @@ class Engine(Protocol):
               sampling: SamplingRows | None, u: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """last_two [B, 2] (previous, current) -> draft [B, k] and q [B, k, V] (None when sampling is None).
         An engine that runs a draft as a chain of one-pass calls (OrtEngine with the fused set: `fused`) also takes
-        until(drafts [B, i]) -> bool, asked before each further pass: True ends the chain with [B, i]."""
+        until(drafts [B, i], margin [B, i] or None) -> bool, asked before each further pass: True ends the chain with
+        [B, i]; margin is each draft's top logit minus its runner-up, where the engine reports it."""
 
     def verify(self, tokens: np.ndarray, draft_len: np.ndarray, past_len: np.ndarray, kv_len: int, k: int,
                sampling: SamplingRows | None, u: np.ndarray, q: np.ndarray | None):

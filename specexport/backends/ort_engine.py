@@ -352,30 +352,37 @@ class OrtEngine:
     def _draft_passes(self, last_two, past_len, kv_len, k, sampling, u, until=None):
         """A fused draft: k one-pass calls. The first pass re-reads the last two committed tokens (at batch > 1 as
         two one-token passes, the first only writing its KV), or, over the target's caches (share_kv), feeds the
-        current token alone; each later pass feeds the previous draft token. until(drafts [B, i]) -> True ends the
-        chain after i < k passes (the drafts returned are then [B, i])."""
+        current token alone; each later pass feeds the previous draft token. until(drafts [B, i], margin [B, i] or
+        None) -> True ends the chain after i < k passes (the drafts returned are then [B, i]); margin is each
+        draft's top logit minus its runner-up (steps.py; sampling: greedy rows' from q, sampled rows' inf; None
+        from graphs built before it)."""
         B, mode = len(last_two), sampling is not None
 
-        def one(tokens, pos, i):  # -> draft token [B], q [B, 1, V] or None (copies: the buffers are reused)
+        def one(tokens, pos, i):  # -> draft token [B], its margin [B] or None, q [B, 1, V] or None (copies)
             ins = dict(tokens=tokens, past_len=pos)
             if mode:
                 ins.update(_sampling(sampling), u=u[:, i:i + 1])
             out = self._run(graph_name("draft_pass", int(tokens.shape[1]), mode), B, ins, kv_len)
-            return out[0][:, 0].copy(), (out[1].copy() if mode else None)
+            d = out[0][:, 0].copy()
+            if mode:
+                q = out[1].copy()
+                return d, (_margins(q[:, 0], sampling.greedy) if until is not None else None), q
+            return d, (out[1][:, 0].copy() if len(out) > 1 else None), None
 
         if self.kv_shared:  # positions below the current one are the target's, and stay so
-            d, q = one(last_two[:, 1:], past_len, 0)
+            d, m, q = one(last_two[:, 1:], past_len, 0)
         elif B > 1:
             one(last_two[:, :1], past_len - 1, 0)
-            d, q = one(last_two[:, 1:], past_len, 0)
+            d, m, q = one(last_two[:, 1:], past_len, 0)
         else:
-            d, q = one(last_two, past_len, 0)
-        drafts, qs = [d], [q]
+            d, m, q = one(last_two, past_len, 0)
+        drafts, margins, qs = [d], [m], [q]
         for i in range(1, k):
-            if until is not None and until(np.stack(drafts, 1)):
+            if until is not None and until(np.stack(drafts, 1), None if m is None else np.stack(margins, 1)):
                 break
-            d, q = one(d[:, None], past_len + i, i)
+            d, m, q = one(d[:, None], past_len + i, i)
             drafts.append(d)
+            margins.append(m)
             qs.append(q)
         return np.stack(drafts, 1), (np.concatenate(qs, 1) if mode else None)  # [B, k], [B, k, V]
 
@@ -468,6 +475,16 @@ def _container():
 
 def _sampling(s: SamplingRows) -> dict:
     return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, greedy=s.greedy)
+
+
+def _margins(q: np.ndarray, greedy: np.ndarray) -> np.ndarray:
+    """q [B, V] (greedy rows: the softmax at temperature 1) -> [B] log q1 - log q2, the top logit's lead over the
+    runner-up, for greedy rows; inf for sampled rows (a sampled draft has no tie to stop at)."""
+    out = np.full(len(q), np.inf, np.float32)
+    for b in np.flatnonzero(greedy):
+        q1, q2 = np.partition(q[b], -2)[-2:][::-1]
+        out[b] = np.log(q1) - np.log(q2) if q2 > 0 else np.inf
+    return out
 
 
 def _one_hot(tokens: np.ndarray, V: int) -> np.ndarray:  # [B, k] -> [B, k, V] float32

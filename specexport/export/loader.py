@@ -15,7 +15,7 @@ from ..models.config import ModelConfig
 from .manifest import read_manifest
 
 LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "min_match", "prepack",
-                "drafter", "preload", "cuda_graphs", "batch_invariant", "handover")
+                "drafter", "preload", "cuda_graphs", "batch_invariant", "handover", "min_margin")
 DRAFTERS = (PROMPT_LOOKUP, "model", "hybrid")
 
 
@@ -51,6 +51,8 @@ def check_graphs(m: dict) -> None:
                 raise SpecExportError(f"engine {role} has no {name} graph although it lists k={k}: {fix}")
             want_in, want_out = io_names(kind, k, sampling, n)
             got_in, got_out = [i[0] for i in g["inputs"]], [o[0] for o in g["outputs"]]
+            if kind == "draft_pass" and got_out == [o for o in want_out if o != "margin"]:
+                want_out = got_out  # built before draft passes reported their margin: runs without the margin stop
             if [x for x in want_in if x in got_in] != got_in or got_out != want_out:  # (unused inputs are pruned)
                 raise SpecExportError(f"engine {role} graph {name} has inputs/outputs this specexport does not "
                                       f"expect: {fix}")
@@ -83,6 +85,7 @@ def _open(path: str, backend: str, options: dict):
                            ngram_min=options.get("ngram_min", ngram[0]), ngram_max=options.get("ngram_max", ngram[1]),
                            min_match=options.get("min_match", min(2, options.get("ngram_max", ngram[1]))),
                            handover=options.get("handover", True),
+                           min_margin=options.get("min_margin", DecoderConfig.min_margin),
                            threads=options.get("threads"))
     if config.threads and backend in ("torch", "torchscript", "pt2"):
         from ..backends.torch_engine import set_threads
@@ -154,7 +157,8 @@ def open_engine_dir(path: str, backend: str, **options):
     if m["drafter"] == PROMPT_LOOKUP or choice == PROMPT_LOOKUP:
         drafter = lookup
     else:
-        drafter = ModelDrafter(engine("draft", target), name=m["models"]["draft"]["source"])
+        drafter = ModelDrafter(engine("draft", target), name=m["models"]["draft"]["source"],
+                               min_margin=config.min_margin)
         if choice != "model":
             drafter = HybridDrafter(lookup, drafter, config.min_match, config.handover)
     tokenizer = None
@@ -170,4 +174,5 @@ def open_draft(path: str, backend: str = "onnxruntime", **options) -> tuple[Mode
     root, m, config, engine = _open(path, backend, options)
     if m["drafter"] == PROMPT_LOOKUP:
         raise SpecExportError(f"{root} was built without a draft model: rebuild with --draft")
-    return ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"]), tuple(m["ks"])
+    return ModelDrafter(engine("draft"), name=m["models"]["draft"]["source"], min_margin=config.min_margin), \
+        tuple(m["ks"])

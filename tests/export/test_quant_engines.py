@@ -127,11 +127,11 @@ def test_the_hybrids_model_hands_over_to_lookup_and_keeps_the_targets_tokens(qua
     """Over the target's cache the hybrid's model ends its chain of passes once its drafts complete a lookup match
     (drafters.HybridDrafter): greedy tokens stay the target's at a fixed k, at auto and at batch 1 and 3, and
     the steps that hand over run fewer passes than k."""
-    hybrid = SpeculativeDecoder.load(quant_engines["quant:int8"])
+    hybrid = SpeculativeDecoder.load(quant_engines["quant:int8"], min_margin=0)  # (the margin stop: its own test)
     assert hybrid.drafter.shares_kv and hybrid.drafter.handover
     passes = []
     propose = hybrid.drafter.model.propose
-    hybrid.drafter.model.propose = lambda x, k, until=None: passes.append((k, p := propose(x, k, until))) or p
+    hybrid.drafter.model.propose = lambda x, k, *a: passes.append((k, p := propose(x, k, *a))) or p
     for k in (3, "auto"):
         outs = hybrid.generate(PROMPTS, NEW, k=k)
         assert [o.token_ids for o in outs] == reference, k
@@ -186,3 +186,49 @@ def test_a_draft_over_the_targets_cache_adds_no_cache_memory(tmp_path):
     # measured: the int8 copy 8.3 MB (its codes, their packed copies and its sessions; with its own cache, copied
     # from the target's, it added 32.3 MB); the layers: draft, with its own cache, added 0.6-0.75x the touched KV
     assert extra["int8"] < 0.5 * kv_touched and extra["layers"] < 0.5 * kv_touched, (extra, kv_touched)
+
+
+def test_the_margin_stop_ends_a_rows_drafts_after_a_near_tie_and_keeps_the_targets_tokens(quant_engines, reference):
+    """A fused draft reports each draft token's margin (top logit - runner-up; the greedy graph's TopK and the
+    sampling graph's q at temperature 1 agree on it), and a row's chain ends after a draft whose margin is under
+    min_margin (drafters.ModelDrafter): greedy tokens stay the target's at a fixed k and at auto, batch 1 and 3,
+    in the model alone and in the hybrid, while fewer passes run."""
+    from specexport.sampling import SamplingRows
+    dec = SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="model", min_margin=0)
+    eng, seen = dec.drafter.engine, []
+    draft = eng.draft
+
+    def both_modes(last_two, past_len, kv_len, k, sampling, u, until=None):
+        B, got = len(last_two), []
+        for mode in (None, SamplingRows(np.ones(B, np.float32), np.zeros(B, np.int64), np.ones(B, np.float32),
+                                        np.ones(B, bool))):
+            rec = []
+            d, _ = draft(last_two, past_len, kv_len, k, mode, np.zeros((B, k), np.float32),
+                         lambda drafts, margin: rec.append(margin) or False)
+            got.append((d, rec[-1]))
+        assert np.array_equal(got[0][0], got[1][0])
+        np.testing.assert_allclose(got[0][1], got[1][1], rtol=1e-3, atol=1e-4)
+        seen.append(got[0][1])
+        return draft(last_two, past_len, kv_len, k, sampling, u, until)
+
+    eng.draft = both_modes
+    assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=3)] == reference
+    margins = np.concatenate([m.ravel() for m in seen])
+    assert (margins >= 0).all() and len(margins) > 20
+    cut = float(np.median(margins))  # about half the drafts end their row's chain
+    for drafter in ("model", "hybrid"):
+        dec = SpeculativeDecoder.load(quant_engines["quant:int8"], drafter=drafter, min_margin=cut, handover=False)
+        model = getattr(dec.drafter, "model", dec.drafter)
+        assert model.min_margin == cut
+        props = []
+        propose = model.propose
+        model.propose = lambda x, k, *a: props.append((k, p := propose(x, k, *a))) or p
+        for k in (3, "auto"):
+            assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=k)] == reference, (drafter, k)
+            assert [o.token_ids for o in dec.generate(PROMPTS[1:2], NEW, k=k)] == reference[1:2], (drafter, k)
+        assert any(p.passes < k for k, p in props) and any(p.draft_len.min() < p.passes for k, p in props)
+    with pytest.raises(SpecExportError, match="min_margin"):
+        SpeculativeDecoder.load(quant_engines["quant:int8"], min_margin=-1)
+    from specexport.backends.ort_engine import _margins  # sampled rows have no tie to stop at
+    q = np.array([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25], [1.0, 0.0, 0.0]], np.float32)
+    assert np.allclose(_margins(q, np.array([True, False, True])), [np.log(2), np.inf, np.inf])
