@@ -37,7 +37,13 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              batched verify is compute-bound on a CPU; on a GPU c(0, B) c(j, b) / c(0, b)), or c(j, b) B / b
              for an engine that verifies row by row; else (1 + 0.05 j) c(0, B) (times B row by row):
              optimistic, so that a width is tried once when the drafts look good
-  d(B)       measured seconds per draft-model pass (a k-token draft is k passes)
+  d(B)       measured seconds per draft-model pass
+  P(k, B)    expected passes of a k-token draft over B rows: k, but for a chained draft that ends a row at a
+             near-tie (drafters.ModelDrafter, the margin stop), seen at rate t per draft position checked
+             (decayed over about the last 100): sum_{i<k} 1 - (1 - (1 - t)^i)^B (`price_ties`). Priced at k
+             passes, the fp32 SmolLM2 target's int8 copy stayed at k = 4 where k = 8 with the stop paid more:
+             replayed (48 prompts x 6 seeds of 10% cost noise), the model at auto +1.0% and +0.8%, the hybrid
+             +0.1% and +0.4%
   u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
              prefill chunks, each measured per call (chunks also at admission); for a quantized copy of the
@@ -72,7 +78,7 @@ Rule
     the model and the rest, if the verify reached them, for lookup's source; d(B) is measured per pass run,
     and the plan still prices k passes (a handover only makes the step cheaper than planned).
   Draft model (each drafted token costs a pass): before drafting, k maximises
-    sum_b E(a_b, k) / (k d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
+    sum_b E(a_b, k) / (P(k, B) d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).
     A request's first speculative step is at most the probe k (no evidence yet: a cheap probe), the smallest
     built k that could pay if every draft were accepted (without pre-packing a k=2 verify costs two target-only
@@ -242,7 +248,10 @@ class AutoK:
     whole_matches: bool = True  # hybrid: where the model pays, lookup's matches are verified whole (free_width)
     margin: float = 0.05  # model error guard: lookup's tokens over a step's must beat a verify's extra time by
     # this much; a draft model's rate must beat target-only's by this much
+    price_ties: bool = True  # a k-token draft is priced at the passes its chain runs given the near-tie rate
+    tie_decay: float = 0.99  # per draft position checked: about the last 100
     costs: Costs = field(default_factory=Costs)
+    ties: list = field(default_factory=lambda: [0.0, 0.0])  # [decayed near-ties, decayed positions checked]
     global_acc: dict = field(default_factory=dict)  # source -> RowAcceptance over all requests (decay 0.99)
     # draft-model probe state (per decoder: one batch drafts together)
     off_steps: int = 0
@@ -329,8 +338,19 @@ class AutoK:
         return self.costs.get(("verify", j, Bb), estimate)
 
     def draft_cost(self, k: int, B: int) -> float | None:
+        """d(B) times the passes a k-token draft is expected to run (`passes`)."""
         d = self.costs.get(("draft", 1, bucket(B)))
-        return None if d is None else k * d
+        return None if d is None else d * self.passes(k, B)
+
+    def passes(self, k: int, B: int) -> float:
+        """Expected passes of a k-token chained draft over B rows: each row ends at a near-tie (drafters.py, the
+        margin stop), at rate t per position checked, so pass i runs while some row has not: sum over i of
+        1 - (1 - (1 - t)^(i - 1))^B. k where no tie has been seen (or `price_ties` is off)."""
+        tie, seen = self.ties
+        if not (self.price_ties and tie > 0 and seen > 0):
+            return float(k)
+        go = 1.0 - tie / seen  # a row goes on after a position checked
+        return sum(1.0 - (1.0 - go ** i) ** B for i in range(k))
 
     def catch_up(self, gap: int, B: int) -> tuple[float, str]:
         """The cheaper way to show a draft model `gap` committed tokens it missed (the largest gap of the batch's
@@ -546,6 +566,15 @@ class AutoK:
             self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
         if catch_up_calls:
             self.costs.observe(("catch_up", catch_up_by, Bb), catch_up_s / catch_up_calls, t)
+
+    def observe_ties(self, ties: int, checked: int) -> None:
+        """A chained draft checked `checked` draft positions for a near-tie and found `ties`."""
+        if checked <= 0:
+            return
+        keep = self.tie_decay ** checked
+        weight = (1.0 - keep) / (1.0 - self.tie_decay)  # the positions' decayed weights (one step: all alike)
+        self.ties[0] = self.ties[0] * keep + ties / checked * weight
+        self.ties[1] = self.ties[1] * keep + weight
 
     def observe_chunk(self, B: int, seconds: float) -> None:
         """A draft-model prefill chunk over B rows (at admission): a sample of a catch-up chunk call."""

@@ -305,6 +305,8 @@ class Batch:
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
             source, model_ran, handover = prop.source or [0] * B, prop.model_ran, prop.handover
             passes = prop.passes if model_ran else 0
+            if self.auto is not None and prop.ties[1]:
+                self.auto.observe_ties(*prop.ties)
             if self.auto is not None and not model_ran and longest and whole < 0:  # free: choose what to verify
                 lens = draft_len.tolist()
                 capped = [min(lens[b], self.auto.cap(self.acc[b], source[b], B)) for b in range(B)]

@@ -564,3 +564,23 @@ def test_hybrid_whole_match_steps_keep_the_targets_tokens(tiny):
     out = dec.generate([[7] * 13], max_new_tokens=30, k="auto")[0]
     assert out.token_ids == ref.token_ids
     assert out.stats.drafted_by.get("prompt-lookup", 0) > 0
+
+
+def test_near_ties_lower_the_price_of_a_wide_draft():
+    """A chained draft ends a row at a near-tie (drafters.ModelDrafter, the margin stop): at a tie rate t per
+    position checked, pass i of a k-token draft over B rows runs while some row has not tied, so it is priced at
+    sum_i 1 - (1 - (1 - t)^i)^B passes, and a wide k can pay where k full passes would not."""
+    costs = {0: 1.0, 2: 1.06, 4: 1.11, 8: 1.36}
+    ctl = _ctl(costs, free=False, draft_pass=0.38)
+    row = RowState(spec_steps=1)  # (past its first step, a probe)
+    for _ in range(40):  # acceptance about 0.92
+        ctl.observe_row(row, 0, 12, True)
+    assert ctl.passes(8, 1) == 8.0 and ctl.plan(1, [row]) == 4  # no tie seen: k passes
+    ctl.observe_ties(10, 100)  # a tie every 10 positions checked
+    t = ctl.ties[0] / ctl.ties[1]
+    assert 0.09 < t < 0.11
+    assert ctl.passes(8, 1) == pytest.approx(sum((1 - t) ** i for i in range(8)))
+    assert ctl.passes(8, 1) < ctl.passes(8, 2) < ctl.passes(8, 16) < 8.0  # a batch ends when all rows have
+    assert ctl.draft_cost(8, 1) == pytest.approx(0.38 * ctl.passes(8, 1))
+    assert ctl.plan(1, [row]) == 8
+    assert AutoK(KS, free_drafts=False, price_ties=False, ties=[10.0, 100.0]).passes(8, 1) == 8.0

@@ -92,3 +92,22 @@ def test_the_hybrid_replays_the_models_handover_to_lookup():
     assert _tokens(on_steps) == _tokens(off_steps) == len(out) - 1 and on > off
     assert Replay(trace | {"drafter": {"min_match": 2, "shares_kv": False}}, "hybrid").run(
         trace["prompts"][0], 8)[1][0].passes == 8  # a draft with its own cache drafts all k
+
+
+def test_the_replay_ends_a_models_chain_at_a_near_tie():
+    """As drafters.ModelDrafter does with min_margin: a recorded margin under it ends the chain after that draft
+    (which is still proposed); 0 turns it off; auto is shown the ties it met."""
+    out = list(range(100, 140))
+    model = {str(i): (out[i:] + [0] * 8)[:8] for i in range(len(out))}  # the draft is always right
+    margin = {str(i): [5.0, 5.0, 0.1, 5.0, 5.0, 5.0, 5.0] for i in range(len(out))}  # its third draft is a tie
+    trace = _trace([(list(range(1, 20)), out)], [model])
+    trace["prompts"][0]["margin"] = margin
+    trace["drafter"] = {"min_margin": 0.15, "shares_kv": True}
+    steps = Replay(trace, "model").run(trace["prompts"][0], 8)[1]
+    assert (steps[0].passes, steps[0].proposed, steps[0].accepted, steps[0].kd) == (3, 3, 3, 4)
+    off = Replay(trace, "model", min_margin=0).run(trace["prompts"][0], 8)[1]
+    assert (off[0].passes, off[0].proposed) == (8, 8)
+    r = Replay(trace, "model")
+    auto = r.controller()
+    r.run(trace["prompts"][0], "auto", auto)
+    assert auto.ties[0] / auto.ties[1] == pytest.approx(1 / 3, abs=0.05)  # (its probes at k = 2 check one, no tie)

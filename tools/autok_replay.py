@@ -55,6 +55,8 @@ def main(argv=None) -> int:
                    help='replace cost entries of the trace, e.g. '
                         '\'{"verify": {"2": 1.98, "4": 2.05, "8": 2.3}, "draft": 0.42}\'')
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="an AutoK field for the replay")
+    p.add_argument("--min-margin", type=float, default=None,
+                   help="the model's margin stop (drafters.ModelDrafter; default: the recording's; 0: off)")
     p.add_argument("-v", "--verbose", action="store_true", help="per-prompt ratios and auto's steps")
     a = ap.parse_args(argv)
     if a.cmd == "record":
@@ -77,8 +79,8 @@ def main(argv=None) -> int:
         overrides[key] = _value(val)
     kinds = [a.kind] if a.kind else [k for k in KINDS if k == "lookup" or "draft" in trace["costs"]]
     for kind in kinds:
-        runs = [Replay(trace, kind, noise=a.noise, switch=a.switch, seed=s).compare(**overrides)
-                for s in range(a.seeds)]
+        runs = [Replay(trace, kind, noise=a.noise, switch=a.switch, seed=s, min_margin=a.min_margin)
+                .compare(**overrides) for s in range(a.seeds)]
         mean = lambda key: sum(x[key] for x in runs) / len(runs)  # noqa: E731
         fixed = "  ".join(f"k{k} {sum(x['fixed'][k] for x in runs) / len(runs):.3f}" for k in runs[0]["fixed"])
         print(f"{kind:7s} auto / target-only: lowest prompt {mean('min_auto'):.3f} (worst seed "

@@ -12,9 +12,10 @@ controller sees what batch.Batch.step shows it at batch 1: the same plan / width
 lookup_row_beats_model calls and observe_row / observe_costs observations, in the same order.
 
 Trace (json): {"costs": {"verify": {"j": c(j) / c0}, "draft": d / c0}, "ks": [...], "drafter": {"ngram_min",
-"ngram_max", "min_match", "shares_kv"}, "prompts": [{"id", "category", "prompt": [ids], "out": [ids],
-"model": {"i": [K draft tokens]}}]}, where i counts the new tokens committed before the step (the first comes from
-prefill).
+"ngram_max", "min_match", "shares_kv", "min_margin"}, "prompts": [{"id", "category", "prompt": [ids], "out": [ids],
+"model": {"i": [K draft tokens]}, "margin": {"i": [K - 1 margins]}}]}, where i counts the new tokens committed
+before the step (the first comes from prefill); margins (top logit - runner-up of each draft but the last, from
+an engine that reports them) let the replay end a chain at a near-tie as ModelDrafter does.
 Not modelled: batches > 1, sampling, a draft model's catch-up (costed as none: exact for a draft over the target's
 cache, `shares_kv`), the slower target-only step right after a verify (`switch` adds one, in c0), and what the
 target would have said past a request's last token (a proposal that matches to the end counts as not rejected).
@@ -66,6 +67,7 @@ class Replay:
     switch: float = 0.0
     seed: int = 0
     handover: bool = True
+    min_margin: float | None = None  # the margin stop (drafters.ModelDrafter); None: the recording's setting
     ks: tuple[int, ...] = field(init=False)
 
     def __post_init__(self):
@@ -76,6 +78,8 @@ class Replay:
             d = {}
         self.min_match = d.get("min_match", 2)  # the hybrid takes lookup's proposal from this n-gram length
         self.handover = bool(d.get("shares_kv")) and self.handover  # the hybrid's model hands over (drafters.py)
+        if self.min_margin is None:
+            self.min_margin = d.get("min_margin", 0.0)
         self.lookup = PromptLookupDrafter(d.get("ngram_min", 1), d.get("ngram_max", 3))
         self.cost = {int(j): c for j, c in self.trace["costs"]["verify"].items()}
         self.cost[0] = 1.0
@@ -91,6 +95,7 @@ class Replay:
         """-> (decode rate / target-only's, the steps). noise: ([len(out)], [len(out)]) multipliers of the verify
         and the draft cost at each position, or None."""
         ids, out, model = prompt["prompt"], prompt["out"], prompt.get("model", {})
+        margins = prompt.get("margin", {})
         K, i, t, steps, row = max(self.ks), 1, 0.0, [], RowState()
         last = 0
         while i < len(out):
@@ -117,7 +122,7 @@ class Replay:
                 free = auto.free_drafts if free is None else free
             else:
                 k, free = policy, use
-            ran, prop, source, passes, ho = False, [], 0, k, None
+            ran, prop, source, passes, ho, ties = False, [], 0, k, None, (0, 0)
             if k:
                 if free:
                     prop, source = ld[:k], src
@@ -127,9 +132,7 @@ class Replay:
                     if self.kind == "hybrid" and use:
                         prop, source = ld[:k], src
                     else:
-                        prop = md[:k]
-                        if self.kind == "hybrid" and self.handover:
-                            prop, passes, ho = self.hand_over(ids + out[:i], prop, k)
+                        prop, passes, ho, ties = self.chain(ids + out[:i], md[:k], margins.get(str(i)), k)
                         unused = ld if self.kind == "hybrid" and auto is not None and ld else None
                     ran = True
                 L = len(prop)
@@ -163,6 +166,8 @@ class Replay:
                     m = matched(unused, toks)
                     auto.observe_row(row, src, m, m < min(len(unused), len(toks)))
                 auto.observe_costs(1, kd, vt, passes if ran else 0, dt)
+                if ties[1]:
+                    auto.observe_ties(*ties)
                 auto.end_step(k if ran or self.kind != "hybrid" else 0, [row])
             steps.append(Step(kd, passes if ran else 0, L, n, source))
             t += vt + dt
@@ -170,14 +175,20 @@ class Replay:
             last = kd
         return (len(out) - 1) / t, steps  # target-only: len(out) - 1 steps of c0 = 1
 
-    def hand_over(self, seq: list[int], md: list[int], k: int) -> tuple[list[int], int, tuple[int, int] | None]:
-        """The hybrid's handover, by its own rule (drafters.hand_over), asked after each of the
-        model's passes -> (proposal, passes, (j, n) or None)."""
+    def chain(self, seq: list[int], md: list[int], margin: list[float] | None, k: int
+              ) -> tuple[list[int], int, tuple[int, int] | None, tuple[int, int]]:
+        """The model's chain of passes as ModelDrafter runs it: after each pass but the last, a near-tie ends it
+        (the margin stop), else the hybrid's handover rule (drafters.hand_over) may -> (proposal, passes, (j, n) or
+        None, (near-ties, positions checked))."""
+        check = margin is not None and self.min_margin > 0
         for j in range(1, k):
-            rest = hand_over(self.lookup, self.min_match, np.array(seq + md[:j], dtype=np.int64), k - j)
-            if rest is not None:
-                return md[:j] + rest[0].tolist(), j, (j, rest[1])
-        return md, k, None
+            if check and j <= len(margin) and margin[j - 1] < self.min_margin:
+                return md[:j], j, None, (1, j)
+            if self.kind == "hybrid" and self.handover:
+                rest = hand_over(self.lookup, self.min_match, np.array(seq + md[:j], dtype=np.int64), k - j)
+                if rest is not None:
+                    return md[:j] + rest[0].tolist(), j, (j, rest[1]), (0, j if check else 0)
+        return md, k, None, (0, k - 1 if check else 0)
 
     def compare(self, **overrides) -> dict:
         """Every prompt at each fixed k and at auto -> per-prompt ratios to target-only and the summary."""
@@ -216,7 +227,7 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
     model, its K-token proposal before every step; then c(j) / c0 for every built k (verify calls at one context
     length, medians over three rounds) and the draft pass d / c0 (the median K-token proposal / K)."""
     from ..batch import Batch
-    from ..drafters import DraftInputs, HybridDrafter
+    from ..drafters import DraftInputs, HybridDrafter, ModelDrafter
     from ..runtime import SpeculativeDecoder
     opts = dict(max_batch=1, preload=True)
     if prepack is not None:
@@ -226,6 +237,8 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
     dec = SpeculativeDecoder.load(engine, **opts)
     d = dec.drafter
     model = d.model if isinstance(d, HybridDrafter) else (d if getattr(d, "engine", None) is not None else None)
+    if model is not None:  # every proposal K tokens long, with its margins: the replay applies the stop
+        model = ModelDrafter(model.engine, model.name)
     ks = dec.built_ks()
     K = max(ks)
     chat = chat and bool(getattr(dec.tokenizer, "chat_template", None))
@@ -246,7 +259,10 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
                 t = time.perf_counter()
                 prop = model.propose(x, K)
                 passes.append((time.perf_counter() - t) / K)
-                self.proposals[str(self.lengths[0] - self.prompt_len)] = prop.draft[0, :int(prop.draft_len[0])].tolist()
+                at = str(self.lengths[0] - self.prompt_len)
+                self.proposals[at] = prop.draft[0, :int(prop.draft_len[0])].tolist()
+                if prop.margin is not None:
+                    self.margins[at] = [round(float(m), 4) for m in prop.margin[0]]
             return super().step()
 
     warm = dec.encode("Say hello in one short sentence." if dec.tokenizer is not None else prompts[0]["prompt"], chat)
@@ -255,7 +271,7 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
         ids = warm if p["prompt"] is None else dec.encode(p["prompt"], chat=chat)
         reqs = dec._prepare([ids], max_new_tokens if p["prompt"] is not None else 8, None, False, ())
         batch = Recorder(dec, model is not None, K)
-        batch.proposals, batch.prompt_len = {}, len(ids)
+        batch.proposals, batch.margins, batch.prompt_len = {}, {}, len(ids)
         batch.admit([0], reqs)
         while batch.rows():
             batch.step()
@@ -263,7 +279,8 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
             passes.clear()
             continue
         out.append({"id": p["id"], "category": p.get("category", ""), "prompt": list(map(int, ids)),
-                    "out": list(map(int, reqs[0].out))} | ({"model": batch.proposals} if model else {}))
+                    "out": list(map(int, reqs[0].out))} | ({"model": batch.proposals} if model else {})
+                   | ({"margin": batch.margins} if batch.margins else {}))
         log(f"[record] {p['id']}: {len(reqs[0].out)} tokens")
     verify = _verify_costs(dec, ks)
     c0 = verify.pop("c0")
@@ -274,7 +291,8 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
         (f", draft pass {costs['draft']:.3f}" if model is not None else ""))
     cfg = dec.config
     drafter = {"name": getattr(d, "name", None), "ngram_min": cfg.ngram_min, "ngram_max": cfg.ngram_max,
-               "min_match": cfg.min_match, "shares_kv": bool(getattr(model, "shares_kv", False))}
+               "min_match": cfg.min_match, "shares_kv": bool(getattr(model, "shares_kv", False)),
+               "min_margin": cfg.min_margin}
     if model is not None and not drafter["shares_kv"]:
         log("[record] the draft keeps its own cache: a replay costs its catch-up as none")
     return {"engine": engine, "ks": list(ks), "drafter": drafter, "costs": costs, "prompts": out}
