@@ -75,10 +75,11 @@ class ModelDrafter:
     the current token alone: every position before it is the target's.
     """
 
-    def __init__(self, engine, name: str, min_margin: float = 0.0):
+    def __init__(self, engine, name: str, min_margin: float = 0.0, report_margins: bool = False):
         self.engine = engine
         self.name = name
         self.min_margin = min_margin  # the margin stop, in logits (propose); 0: off
+        self.report_margins = report_margins  # Proposal.margin even with the stop off (bench/replay.py's record)
         self.kv_source = None  # the target engine, where its KV can stand for this draft's (see link_kv)
 
     @property
@@ -151,7 +152,8 @@ class ModelDrafter:
         - where take_over(b, its drafts so far [i]) says so (HybridDrafter's handover: the caller fills the rest).
         done [B]: rows whose proposal comes from elsewhere (they end at once). The chain ends when every row has.
         Lossless: whether a row goes on depends only on the draft's own tokens and logits so far.
-        The Proposal's `margin` [B, passes - 1] holds the margins the chain saw (None: the engine gives none)."""
+        The Proposal's `margin` [B, passes - 1] holds the margins the chain saw (None: the engine gives none, or
+        nothing asked for them: the chain then runs its k passes without a callback)."""
         B = x.last_two.shape[0]
         end = np.full(B, k, dtype=np.int64)  # each row's proposal length
         live = [not d for d in done] if done is not None else [True] * B
@@ -163,14 +165,16 @@ class ModelDrafter:
             for b in range(B):
                 if not live[b]:
                     continue
-                tie = margin is not None and self.min_margin > 0 and margin[b, i - 1] < self.min_margin
+                check = margin is not None and self.min_margin > 0
+                tie = check and near_tie(float(margin[b, i - 1]), self.min_margin)
                 ties[0] += tie
-                ties[1] += margin is not None and self.min_margin > 0
+                ties[1] += check
                 if tie or take_over is not None and take_over(b, drafts[b]):
                     live[b], end[b] = False, i
             return not any(live)
 
-        chain = getattr(self.engine, "fused", False) and k > 1
+        chain = getattr(self.engine, "fused", False) and k > 1 and (
+            self.min_margin > 0 or take_over is not None or self.report_margins)
         if chain:
             draft, q = self.engine.draft(x.last_two, x.past_len, x.kv_len, k, x.sampling, x.u_draft, until)
         else:
@@ -186,6 +190,12 @@ class ModelDrafter:
                 q[b, draft_len[b]:] = 0.0
         return Proposal(draft, q, draft_len, int(draft_len.max()), model_ran=True, passes=i, margin=seen[0],
                         ties=(ties[0], ties[1]))
+
+
+def near_tie(margin: float, min_margin: float) -> bool:
+    """The margin stop's rule (ModelDrafter.propose; bench/replay.py replays it): a draft whose top logit leads the
+    runner-up by less than min_margin (> 0) is its row's last."""
+    return min_margin > 0 and margin < min_margin
 
 
 def _no_committed_writes(d: ModelDrafter) -> None:

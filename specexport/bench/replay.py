@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..autok import AutoK, RowState
-from ..drafters import PromptLookupDrafter, hand_over
+from ..drafters import PromptLookupDrafter, hand_over, near_tie
 
 KINDS = ("lookup", "model", "hybrid")
 
@@ -182,7 +182,7 @@ class Replay:
         None, (near-ties, positions checked))."""
         check = margin is not None and self.min_margin > 0
         for j in range(1, k):
-            if check and j <= len(margin) and margin[j - 1] < self.min_margin:
+            if check and j <= len(margin) and near_tie(margin[j - 1], self.min_margin):
                 return md[:j], j, None, (1, j)
             if self.kind == "hybrid" and self.handover:
                 rest = hand_over(self.lookup, self.min_match, np.array(seq + md[:j], dtype=np.int64), k - j)
@@ -238,7 +238,7 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
     d = dec.drafter
     model = d.model if isinstance(d, HybridDrafter) else (d if getattr(d, "engine", None) is not None else None)
     if model is not None:  # every proposal K tokens long, with its margins: the replay applies the stop
-        model = ModelDrafter(model.engine, model.name)
+        model = ModelDrafter(model.engine, model.name, report_margins=True)
     ks = dec.built_ks()
     K = max(ks)
     chat = chat and bool(getattr(dec.tokenizer, "chat_template", None))
