@@ -3,6 +3,7 @@
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from specexport import SpeculativeDecoder
@@ -27,6 +28,18 @@ def test_nothing_matches_replays_as_target_only():
     row = s["rows"][0]
     assert row["auto"] == pytest.approx(1.0) and all(row[k] == pytest.approx(1.0) for k in (2, 4, 8))
     assert all(st.kd == 0 for st in row["steps"]) and _tokens(row["steps"]) == len(out) - 1
+
+
+def test_noise_and_drift_are_measured_against_target_only_under_the_same_costs():
+    """With noise and drift, a step that is a target-only step costs what target-only's own does at that position,
+    so a prompt where nothing matches is still 1.0x; drift is one slow multiplier shared by every step kind."""
+    out = list(range(100, 260))
+    rp = Replay(_trace([(list(range(1, 20)), out)] * 2), "lookup", noise=0.1, drift=0.15, seed=3)
+    s = rp.compare()
+    assert all(r["auto"] == pytest.approx(1.0) and r[2] == pytest.approx(1.0) for r in s["rows"])
+    x = rp.swings(4000, np.random.default_rng(0))
+    assert abs(x.std() - 0.15) < 0.03  # its stationary spread
+    assert np.corrcoef(x[:-1], x[1:])[0, 1] > 0.9  # slow: neighbouring positions move together
 
 
 def test_a_copied_prompt_is_verified_wide_and_every_token_is_counted_once():

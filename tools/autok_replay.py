@@ -10,7 +10,9 @@ at greedy and what it does not model).
 `replay` prints, per kind: the lowest prompt's auto / target-only, the geometric means of auto and each fixed k
 over target-only, and auto against the best fixed k per prompt (chosen in hindsight) and against the best single
 fixed k. With --noise, every step's cost is multiplied by 1 + noise x N(0, 1), over --seeds seeds (means and the
-worst seed's minimum). --set overrides an AutoK field (autok.py) for the replay.
+worst seed's minimum); --drift adds the machine's slow swings (one multiplier shared by every step kind, a random
+walk of that standard deviation in log cost). Target-only, the reference, meets the same costs. --set overrides an
+AutoK field (autok.py) for the replay.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--kind", default=None, help=f"one of {', '.join(KINDS)} (default: every kind the trace holds)")
     p.add_argument("--noise", type=float, default=0.0)
     p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--drift", type=float, default=0.0,
+                   help="the machine's slow swings: sd of the log cost multiplier shared by every step kind")
+    p.add_argument("--drift-steps", type=float, default=32.0, help="the swings' correlation length, in positions")
     p.add_argument("--switch", type=float, default=0.0, help="extra cost (x c0) of a target-only step after a verify")
     p.add_argument("--costs", default=None, metavar="JSON",
                    help='replace cost entries of the trace, e.g. '
@@ -79,7 +84,8 @@ def main(argv=None) -> int:
         overrides[key] = _value(val)
     kinds = [a.kind] if a.kind else [k for k in KINDS if k == "lookup" or "draft" in trace["costs"]]
     for kind in kinds:
-        runs = [Replay(trace, kind, noise=a.noise, switch=a.switch, seed=s, min_margin=a.min_margin)
+        runs = [Replay(trace, kind, noise=a.noise, drift=a.drift, drift_steps=a.drift_steps, switch=a.switch, seed=s,
+                       min_margin=a.min_margin)
                 .compare(**overrides) for s in range(a.seeds)]
         mean = lambda key: sum(x[key] for x in runs) / len(runs)  # noqa: E731
         fixed = "  ".join(f"k{k} {sum(x['fixed'][k] for x in runs) / len(runs):.3f}" for k in runs[0]["fixed"])

@@ -20,7 +20,9 @@ Not modelled: batches > 1, sampling, a draft model's catch-up (costed as none: e
 cache, `shares_kv`), the slower target-only step right after a verify (`switch` adds one, in c0), and what the
 target would have said past a request's last token (a proposal that matches to the end counts as not rejected).
 Cost noise is drawn per prompt and position (seeded by both), so rules compared at one seed meet the same costs
-at the same positions.
+at the same positions. `drift` adds the machine's slow swings on top: one multiplier for every kind of step at a
+position, exp(x) with x an AR(1) walk of stationary standard deviation `drift` and correlation length
+`drift_steps` positions (on the 2-core VMs the target-only step wandered by 15% within one 128-token request).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Replay:
     trace: dict
     kind: str = "lookup"
     noise: float = 0.0
+    drift: float = 0.0
+    drift_steps: float = 32.0
     switch: float = 0.0
     seed: int = 0
     handover: bool = True
@@ -173,7 +177,9 @@ class Replay:
             t += vt + dt
             i += n + 1
             last = kd
-        return (len(out) - 1) / t, steps  # target-only: len(out) - 1 steps of c0 = 1
+        # target-only: a step of c0 = 1 at every position but the first (the prefill's), under the same noise
+        base = float(np.sum(noise[0][1:len(out)])) if noise is not None else len(out) - 1
+        return base / t, steps
 
     def chain(self, seq: list[int], md: list[int], margin: list[float] | None, k: int
               ) -> tuple[list[int], int, tuple[int, int] | None, tuple[int, int]]:
@@ -190,15 +196,28 @@ class Replay:
                     return md[:j] + rest[0].tolist(), j, (j, rest[1]), (0, j if check else 0)
         return md, k, None, (0, k - 1 if check else 0)
 
+    def swings(self, n: int, rng) -> np.ndarray:
+        """[n] log-multipliers: an AR(1) walk from its stationary law (sd `drift`, correlation exp(-1/`drift_steps`)
+        per position)."""
+        rho = math.exp(-1.0 / self.drift_steps)
+        e = rng.normal(size=n) * self.drift
+        x = np.empty(n)
+        x[0] = e[0]
+        for i in range(1, n):
+            x[i] = rho * x[i - 1] + math.sqrt(1 - rho * rho) * e[i]
+        return x
+
     def compare(self, **overrides) -> dict:
         """Every prompt at each fixed k and at auto -> per-prompt ratios to target-only and the summary."""
         auto = self.controller(**overrides)
         rows = []
         for idx, p in enumerate(self.trace["prompts"]):
             noise = None
-            if self.noise:  # per prompt and position: every policy meets the same costs at the same positions
+            if self.noise or self.drift:  # per prompt and position: every policy meets the same costs there
                 z = np.random.default_rng([self.seed, idx]).normal(size=(2, len(p["out"])))
                 noise = np.maximum(1 + self.noise * z, 0.1)
+                if self.drift:
+                    noise = noise * np.exp(self.swings(len(p["out"]), np.random.default_rng([self.seed, idx, 1])))
             r = {"id": p["id"], "steps": None}
             for pol in (*self.ks, "auto"):
                 rate, steps = self.run(p, pol, auto if pol == "auto" else None, noise)
