@@ -214,7 +214,7 @@ VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-int4": dict(
 def _current_manifest(out: Path) -> dict | None:
     """The manifest of an engine folder the benchmarks may reuse: one this code would build the same way
     (its `graph_code` fingerprint matches); None when absent or built by other code."""
-    from .export.manifest import MANIFEST, graph_code
+    from .manifest import MANIFEST, graph_code
     if not (out / MANIFEST).exists():
         return None
     m = json.loads((out / MANIFEST).read_text())

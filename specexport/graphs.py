@@ -1,4 +1,4 @@
-"""The step graphs' names and input/output contracts (no torch: the runtime and the loader read these).
+"""The step graphs' names and input/output contracts (no torch: the runtime and engine_dir.py read these).
 
 steps.py defines the graphs themselves; see its docstring for what each input and output holds.
 """

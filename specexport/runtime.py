@@ -78,7 +78,7 @@ class SpeculativeDecoder:
         logits: drafters.ModelDrafter; default 0.15, 0 turns it off), drafter (an engine built with a draft model:
         'hybrid', the default: lookup where it matches, the model elsewhere; 'model'; 'prompt-lookup', without
         loading the draft)."""
-        from .export.loader import open_engine_dir
+        from .engine_dir import open_engine_dir
         target, drafter, config, tokenizer, eos, source, can_sample = open_engine_dir(engine_dir, backend, **options)
         dec = cls(target, drafter, config, tokenizer, eos, source)
         dec.can_sample = can_sample

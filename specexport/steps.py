@@ -188,3 +188,12 @@ def make_step(model: StaticKVDecoder, kind: str, k: int, sampling: bool, target_
     if kind in ("verify", "verify_exact"):  # verify_exact: the model is traced with ops="fused_rows2"
         return VerifyStep(model, k, sampling, **kw)
     raise ValueError(kind)
+
+
+def weight_tensors(model: StaticKVDecoder) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer once (tied weights appear once), named as the step modules see them:
+    'model.' + name."""
+    wrapper = PrefillStep(model)
+    tensors = {n: t.detach() for n, t in wrapper.named_parameters()}
+    tensors.update({n: t.detach() for n, t in wrapper.named_buffers()})
+    return tensors

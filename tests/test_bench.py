@@ -162,7 +162,7 @@ def test_benchmarks_rebuild_engines_built_by_other_graph_code(tmp_path, capsys):
     graph_code), so a benchmark never times graphs an older build wrote."""
     import json
     from specexport.cli import _current_manifest
-    from specexport.export.manifest import graph_code
+    from specexport.manifest import graph_code
     assert _current_manifest(tmp_path) is None
     (tmp_path / "manifest.json").write_text(json.dumps({"graph_code": graph_code(), "ks": [2]}))
     assert _current_manifest(tmp_path)["ks"] == [2]

@@ -62,7 +62,7 @@ class Pt2Engine(TorchScriptEngine):
 def open_pt2(root: Path, entry: dict, m: dict, max_batch: int, ks: tuple[int, ...], device: str = "cpu",
              shared: dict | None = None):
     """The Pt2Engine of one role of an engine folder, after checking the package can load here (shared: a
-    sharing draft's tensors that are the target's, export/loader.shared_tensors)."""
+    sharing draft's tensors that are the target's, engine_dir.shared_tensors)."""
     pt2 = entry.get("pt2")
     if pt2 is None:
         raise SpecExportError(f"{root} has no pt2 packages: rebuild with --format onnx,pt2")

@@ -8,6 +8,7 @@ The Engine protocol speaks numpy (backends/__init__.py): these engines convert a
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -155,16 +156,30 @@ class TorchScriptEngine(TorchEngine):
         return getattr(self.module, graph_name(kind, k, sampling))
 
 
+_warned = False
+
+
+def warn_deprecated() -> None:
+    """Once per process: TorchScript, written (export/torchscript.py) or opened here, is deprecated upstream."""
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn("TorchScript is deprecated upstream; specexport still writes it for libtorch and Triton's "
+                      "pytorch_libtorch backend. torch.export / AOTInductor (.pt2) is the path forward.",
+                      DeprecationWarning, stacklevel=3)
+
+
 def open_torchscript(path: Path, config: ModelConfig, max_batch: int, cache_len: int, dtype: str,
                      ks: tuple[int, ...]) -> TorchScriptEngine:
     """A TorchScript engine from an engine folder's module file (dtype: the manifest's, e.g. 'fp32')."""
+    warn_deprecated()
     return TorchScriptEngine(torch.jit.load(str(path)), config, max_batch, cache_len, getattr(torch, DTYPES[dtype]), ks)
 
 
 def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
                       shared: dict[str, torch.Tensor] | None = None) -> StaticKVDecoder:
     """The eager decoder from an engine folder's own weights file (the one the ONNX graphs point into), plus, for a
-    draft that shares tensors with the target, `shared` (its name -> the target's tensor, loader.shared_tensors),
+    draft that shares tensors with the target, `shared` (its name -> the target's tensor, engine_dir.shared_tensors),
     used as they are: held once."""
     from safetensors.torch import load_file
     c = entry["config"]

@@ -93,7 +93,7 @@ def _hf_model(source: str, dtype=torch.float32):
 
 def build_modes(cfg: BenchConfig, log=print) -> tuple[list[Mode], object]:
     """-> (modes, the shared target decoder, for encoding prompts)."""
-    from ..export.loader import open_draft
+    from ..engine_dir import open_draft
     from ..drafters import HybridDrafter, PromptLookupDrafter
     from ..runtime import SpeculativeDecoder
     opts = dict(max_batch=1, prepack=cfg.prepack, threads=cfg.threads, preload=True)

@@ -31,7 +31,7 @@ from ..models.quant import quant_layers, quantize_model
 from ..models.layer_spec import LayerSpec, is_layers_spec
 from ..steps import graph_list
 from ..version import __version__
-from .manifest import MANIFEST, graph_code, write_manifest
+from ..manifest import MANIFEST, graph_code, write_manifest
 from .onnx_graphs import OPSET, WEIGHTS_FILE, export_graph, shared_tensors, write_weights
 from .torchscript import export_torchscript
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..models.layer_spec import format_layers
 from ..config import LAYERS_PREFIX, QUANT_PREFIX
-from .manifest import read_manifest
+from ..manifest import read_manifest
 
 
 def describe(engine_dir: str) -> dict:

@@ -20,7 +20,7 @@ import torch
 
 from ..graphs import row_cache_name, rows_name
 from ..models import StaticKVDecoder
-from ..steps import PrefillStep, graph_name, io_names, make_step, tokens_per_pass
+from ..steps import PrefillStep, graph_name, io_names, make_step, tokens_per_pass, weight_tensors
 
 OPSET = 18
 WEIGHTS_FILE = "weights.safetensors"
@@ -52,15 +52,6 @@ def example_inputs(model: StaticKVDecoder, kind: str, k: int, sampling: bool, ch
 
 def dynamic_axes(names: list[str]) -> dict[str, dict[int, str]]:
     return {n: ({0: "L"} if n == "key_pos" else {0: "B"}) for n in names}
-
-
-def weight_tensors(model: StaticKVDecoder) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer once (tied weights appear once), named as the step modules see them:
-    'model.' + name."""
-    wrapper = PrefillStep(model)
-    tensors = {n: t.detach() for n, t in wrapper.named_parameters()}
-    tensors.update({n: t.detach() for n, t in wrapper.named_buffers()})
-    return tensors
 
 
 def write_weights(model: StaticKVDecoder, path: Path, skip: set[str] = frozenset()) -> dict[str, tuple[str, int, int]]:

@@ -13,21 +13,10 @@ from pathlib import Path
 
 import torch
 
+from ..backends.torch_engine import warn_deprecated
 from ..models import StaticKVDecoder
 from ..steps import make_step
 from .onnx_graphs import example_inputs
-
-_warned = False
-
-
-def warn_deprecated() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn("TorchScript is deprecated upstream; specexport still writes it for libtorch and Triton's "
-                      "pytorch_libtorch backend. torch.export / AOTInductor (.pt2) is the path forward.",
-                      DeprecationWarning, stacklevel=3)
-
 
 class _Steps(torch.nn.Module):
     def __init__(self, model: StaticKVDecoder):

@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 from ..errors import SpecExportError
-from ..export.manifest import read_manifest
+from ..manifest import read_manifest
 from .pbtxt import ModelConfig, Tensor
 
 # Names, types and shapes follow TensorRT-LLM's Triton ensemble (all_models/inflight_batcher_llm/ensemble) where they

@@ -12,7 +12,7 @@ from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
 from specexport.config import BuildConfig
 from specexport.export.build import build
 from specexport.export.inspect import describe, format_description
-from specexport.export.loader import open_draft
+from specexport.engine_dir import open_draft
 from test_layer_drafts import draft_extra_bytes
 from test_runtime_greedy import NEW, PROMPTS
 

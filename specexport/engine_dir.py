@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import PROMPT_LOOKUP, DecoderConfig
-from ..drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
-from ..errors import SpecExportError
-from ..models.config import ModelConfig
+from .config import PROMPT_LOOKUP, DecoderConfig
+from .drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from .errors import SpecExportError
 from .manifest import read_manifest
+from .models.config import ModelConfig
 
 LOAD_OPTIONS = ("threads", "max_batch", "device", "verify_hashes", "ngram_min", "ngram_max", "min_match", "prepack",
                 "drafter", "preload", "cuda_graphs", "batch_invariant", "handover", "min_margin")
@@ -35,8 +35,8 @@ def shared_tensors(root: Path, entry: dict, theirs: dict | None = None) -> dict 
 def check_graphs(m: dict) -> None:
     """Every graph the manifest's k values and modes call for is there, with the inputs and outputs (names and
     batch-free shapes) this version of the runtime binds."""
-    from ..config import BuildConfig
-    from ..graphs import graph_list, io_names, tokens_per_pass
+    from .config import BuildConfig
+    from .graphs import graph_list, io_names, tokens_per_pass
     cfg = BuildConfig(ks=tuple(m["ks"]), sampling=m.get("sampling_graphs", True), max_seq_len=m["max_seq_len"],
                       max_batch=m["max_batch"], prefill_chunk=m["prefill_chunk"], dtype=m["dtype"],
                       ops=m.get("ops", "portable"))
@@ -88,7 +88,7 @@ def _open(path: str, backend: str, options: dict):
                            min_margin=options.get("min_margin", DecoderConfig.min_margin),
                            threads=options.get("threads"))
     if config.threads and backend in ("torch", "torchscript", "pt2"):
-        from ..backends.torch_engine import set_threads
+        from .backends.torch_engine import set_threads
         set_threads(config.threads)
     assert config.cache_len == m["cache_len"], "manifest cache_len disagrees with max_seq_len + max(k) + 1"
     V = m["vocab_size"]
@@ -109,7 +109,7 @@ def _open(path: str, backend: str, options: dict):
             if device != "cuda" and m["dtype"] != "fp32":
                 raise SpecExportError(f"this engine is {m['dtype']}; ONNX Runtime's CPU provider runs fp32 graphs: "
                                       "rebuild with --dtype fp32, or load with device='cuda' (onnxruntime-gpu)")
-            from ..backends.ort_engine import OrtEngine
+            from .backends.ort_engine import OrtEngine
             return OrtEngine(root, entry, max_batch, m["cache_len"], ks, config.threads, device, vocab,
                              prepack=options.get("prepack"), ops=m.get("ops", "portable"),
                              preload=options.get("preload"), shared_with=target,
@@ -117,20 +117,18 @@ def _open(path: str, backend: str, options: dict):
         if backend == "torchscript":
             if "torchscript" not in entry:
                 raise SpecExportError(f"{root} has no TorchScript modules: rebuild with --format onnx,torchscript")
-            from ..backends.torch_engine import open_torchscript
-            from .torchscript import warn_deprecated
-            warn_deprecated()
+            from .backends.torch_engine import open_torchscript
             return open_torchscript(root / entry["torchscript"], ModelConfig.from_manifest(entry["config"]), max_batch,
                                     m["cache_len"], m["dtype"], ks)
         if backend == "pt2":
-            from ..backends.pt2_engine import open_pt2
+            from .backends.pt2_engine import open_pt2
             shared = shared_tensors(root, entry, target.weights if target is not None else None)
             return _graphs(open_pt2(root, entry, m, max_batch, ks, device, shared))
         if backend == "torch":
-            from ..backends.torch_engine import TorchEngine, load_engine_model
+            from .backends.torch_engine import TorchEngine, load_engine_model
             theirs = None
             if target is not None and entry.get("shared"):
-                from .onnx_graphs import weight_tensors
+                from .steps import weight_tensors
                 theirs = weight_tensors(target.model)
             shared = shared_tensors(root, entry, theirs)
             model = load_engine_model(root, entry, m["dtype"], m["cache_len"], shared).to(device)
@@ -163,7 +161,7 @@ def open_engine_dir(path: str, backend: str, **options):
             drafter = HybridDrafter(lookup, drafter, config.min_match, config.handover)
     tokenizer = None
     if m.get("tokenizer"):
-        from ..tokenizer import Tokenizer
+        from .tokenizer import Tokenizer
         tokenizer = Tokenizer.from_dir(root / m["tokenizer"])
     return target, drafter, config, tokenizer, m["eos_token_ids"], str(root), bool(m.get("sampling_graphs", True))
 

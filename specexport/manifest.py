@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..errors import SpecExportError
+from .errors import SpecExportError
 
 FORMAT = "specexport-engine"
 FORMAT_VERSION = 1
@@ -35,7 +35,7 @@ def graph_code() -> str:
     """A fingerprint of the code that builds engines (recorded as the manifest's `graph_code`): the benchmarks
     rebuild an engine they would otherwise reuse when it differs, so they never time graphs an older build
     wrote."""
-    from ..version import __version__
+    from .version import __version__
     pkg = Path(__file__).resolve().parents[1]
     h = hashlib.sha256(__version__.encode())
     for rel in GRAPH_SOURCES:
