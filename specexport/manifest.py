@@ -36,13 +36,22 @@ def graph_code() -> str:
     rebuild an engine they would otherwise reuse when it differs, so they never time graphs an older build
     wrote."""
     from .version import __version__
-    pkg = Path(__file__).resolve().parents[1]
     h = hashlib.sha256(__version__.encode())
+    for rel, p in graph_sources():
+        h.update(rel.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def graph_sources() -> list[tuple[str, Path]]:
+    """The source files graph_code fingerprints: (path in the package, file); none in an install without sources
+    (the version alone then)."""
+    pkg = Path(__file__).resolve().parent  # the specexport package
+    out = []
     for rel in GRAPH_SOURCES:
         for p in sorted((pkg / rel).rglob("*.py")) if (pkg / rel).is_dir() else [pkg / rel]:
-            if p.is_file():  # (an install without sources: the version alone)
-                h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()[:16]
+            if p.is_file():
+                out.append((str(p.relative_to(pkg)), p))
+    return out
 
 
 def file_table(root: Path) -> dict[str, dict]:

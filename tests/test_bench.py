@@ -170,3 +170,7 @@ def test_benchmarks_rebuild_engines_built_by_other_graph_code(tmp_path, capsys):
     assert _current_manifest(tmp_path) is None
     assert "built by other graph code" in capsys.readouterr().err
     assert len(graph_code()) == 16 and graph_code() == graph_code()
+    # ... and it fingerprints the graph-building sources themselves (a moved module must not leave it hashing none)
+    from specexport.manifest import graph_sources
+    names = {rel for rel, _ in graph_sources()}
+    assert {"steps.py", "graphs.py", "export/build.py", "export/onnx_graphs.py", "models/decoder.py"} <= names
