@@ -162,10 +162,10 @@ class ModelDrafter:
 
         def until(drafts: np.ndarray, margin: np.ndarray | None) -> bool:  # drafts, margin [B, i]
             i, seen[0] = drafts.shape[1], margin
+            check = margin is not None and self.min_margin > 0  # (the stop is on and the engine gives margins)
             for b in range(B):
                 if not live[b]:
                     continue
-                check = margin is not None and self.min_margin > 0
                 tie = check and near_tie(float(margin[b, i - 1]), self.min_margin)
                 ties[0] += tie
                 ties[1] += check
