@@ -73,6 +73,7 @@ def test_record_matches_the_runtime_and_replays_every_kind(engines, tmp_path):
     trace = record(path, prompts, max_new_tokens=20, chat=False, log=lambda *a: None)
     json.dumps(trace)  # (it is written as json)
     assert trace["ks"] == [1, 3] and set(trace["costs"]) >= {"verify", "draft"}
+    assert set(trace["costs"]["verify"]) == {"1", "3"} and min(trace["costs"]["verify"].values()) > 0  # timed in-loop
     assert trace["drafter"]["min_match"] >= 1 and trace["drafter"]["ngram_max"] >= trace["drafter"]["ngram_min"]
     for kind, drafter in (("model", "model"), ("lookup", "prompt-lookup")):
         dec = SpeculativeDecoder.load(path, max_batch=1, drafter=drafter)
