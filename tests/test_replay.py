@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from specexport import SpeculativeDecoder
-from specexport.bench.replay import Replay, record
+from specexport.bench.replay import Replay, _WidthTimer, record
+from specexport.config import BuildConfig
+from specexport.export.build import build
 
 COSTS = {"verify": {"2": 1.1, "4": 1.2, "8": 1.4}, "draft": 0.4}
 
@@ -125,3 +127,19 @@ def test_the_replay_ends_a_models_chain_at_a_near_tie():
     auto = r.controller()
     r.run(trace["prompts"][0], "auto", auto)
     assert auto.ties[0] / auto.ties[1] == pytest.approx(1 / 3, abs=0.05)  # (its probes at k = 2 check one, no tie)
+
+
+def test_timing_the_verify_widths_changes_no_token_or_proposal(tiny, tmp_path, monkeypatch):
+    """record's in-loop verify calls (every step here) leave the trace as an untimed recording makes it: outputs,
+    the draft's proposals and margins, exactly; for a draft that runs over the target's cache (a quantized copy)."""
+    path = build(BuildConfig(target=tiny["llama"]["target"], draft="quant:int8", ks=(1, 3), sampling=False,
+                             max_seq_len=96, max_batch=1, prefill_chunk=16, out=str(tmp_path / "e")),
+                 progress=False)["out"]
+    prompts = [{"id": "a", "prompt": [3, 17, 5, 9, 11]}, {"id": "b", "prompt": [8, 8, 2, 40, 6, 7, 1, 8, 8, 2, 40]}]
+    monkeypatch.setattr(_WidthTimer, "every", 1)
+    timed = record(path, prompts, max_new_tokens=24, chat=False, log=lambda *a: None)
+    assert timed["drafter"]["shares_kv"] and min(timed["costs"]["verify"].values()) > 0
+    monkeypatch.setattr(_WidthTimer, "maybe_time", lambda self, current, past_len: None)
+    monkeypatch.setattr(_WidthTimer, "costs", lambda self: ({str(k): 1.0 for k in self.ks}, 1.0))
+    untimed = record(path, prompts, max_new_tokens=24, chat=False, log=lambda *a: None)
+    assert timed["prompts"] == untimed["prompts"]

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..autok import AutoK, RowState
 from ..drafters import PromptLookupDrafter, hand_over, near_tie
+from ..errors import SpecExportError
 
 KINDS = ("lookup", "model", "hybrid")
 
@@ -262,7 +263,7 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
     K = max(ks)
     chat = chat and bool(getattr(dec.tokenizer, "chat_template", None))
     passes: list[float] = []
-    widths = _WidthTimer(dec.target, ks)
+    timer = _WidthTimer(dec.target, ks, dec.config.cache_len)
 
     class Recorder(Batch):
         """Target-only steps; before each, the draft model's K-token proposal from the committed tokens (and, at
@@ -271,7 +272,7 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
             return 0
 
         def step(self):
-            widths.maybe_time(self.current[:1], self.past_len[:1])
+            timer.maybe_time(self.current[:1], self.past_len[:1])
             if model is not None:
                 if not getattr(model, "shares_kv", False):
                     self._catch_up_draft([0], 1)  # its own cache: every committed position but the current one
@@ -299,13 +300,13 @@ def record(engine: str, prompts: list[dict], max_new_tokens: int = 128, prepack:
             batch.step()
         if p["prompt"] is None:
             passes.clear()
-            widths.clear()
+            timer.clear()
             continue
         out.append({"id": p["id"], "category": p.get("category", ""), "prompt": list(map(int, ids)),
                     "out": list(map(int, reqs[0].out))} | ({"model": batch.proposals} if model else {})
                    | ({"margin": batch.margins} if batch.margins else {}))
         log(f"[record] {p['id']}: {len(reqs[0].out)} tokens")
-    verify, c0 = widths.costs()
+    verify, c0 = timer.costs()
     costs = {"verify": verify, "c0_s": c0}
     if model is not None:
         costs["draft"] = round(float(np.median(passes)) / c0, 4)
@@ -325,23 +326,24 @@ class _WidthTimer:
     each width (0 and the built ks, in alternating order) at the current position, row 0 the current token and its
     drafts copies of it; each c(j) / c0 is the median over those steps of c(j) over the same step's c(0). Timed
     calls next to each other see the same machine (its drift cancels in the ratio) and the positions, context
-    lengths and caches of the decode itself. They change nothing: row 0 writes the cache entry that the step's own
-    target-only pass writes next, and the drafts' entries lie past it, where later steps write before they read.
+    lengths and caches of the decode itself. They change nothing: they write the cache at the current position and
+    past it, which the step's own pass and the later steps overwrite before anything reads it (a draft model's
+    catch-up copies only positions before the current one).
     On se-int4 (8 bench prompts x 2) this read c(2, 4, 8) 1.42, 1.88, 2.78 against 1.42, 1.89, 2.91 for the verify
     calls of real speculative decoding, where the former 15-call blocks at one context length read 1.31, 1.83,
     2.87 (and 1.51, 1.63, 2.43 in another recording)."""
 
     every = 4
 
-    def __init__(self, target, ks: tuple[int, ...]):
-        self.target, self.ks, self.steps = target, ks, 0
+    def __init__(self, target, ks: tuple[int, ...], cache_len: int):
+        self.target, self.ks, self.cache_len, self.steps = target, ks, cache_len, 0
         self.ratios: dict[int, list[float]] = {kd: [] for kd in ks}
         self.c0: list[float] = []
 
     def maybe_time(self, current: np.ndarray, past_len: np.ndarray) -> None:
         """current, past_len [1]: the step about to run."""
         self.steps += 1
-        room = self.target.cache_len - int(past_len[0]) - 1
+        room = self.cache_len - int(past_len[0]) - 1
         if self.steps % self.every or room < max(self.ks):
             return
         order = (0, *self.ks) if (self.steps // self.every) % 2 else (*self.ks[::-1], 0)
@@ -361,6 +363,8 @@ class _WidthTimer:
 
     def costs(self) -> tuple[dict[str, float], float]:
         """-> ({"j": c(j) / c0}, c0 in seconds)."""
-        assert self.c0, "no step was long enough to time the verify widths"
+        if not self.c0:
+            raise SpecExportError(f"the recording timed no verify: its prompts decoded fewer than {self.every} steps "
+                                  "in all; record longer outputs (--max-new-tokens)")
         return ({str(kd): round(float(np.median(v)), 4) for kd, v in self.ratios.items()},
                 float(np.median(self.c0)))
