@@ -4,18 +4,19 @@ linears at their shapes (qkv 960 x 576, o 576 x 576, gate/up 3072 x 576, down 57
 lm_head left out), run over M rows, the variants alternating, warm-up excluded. Prints each variant's median time
 per pass over all of them and the weight bytes it streams per second, per row count.
 
-What this shows (stop 38, the 2-core AMD EPYC with AVX-512 and VNNI, ONNX Runtime 1.32, 2 threads):
-- the int8 draft's kernel (MatMulNBits, 8 bits, block 128, int8 activations) streams ~16 GB/s where fp32
-  pre-packed FusedMatMul streams ~23: at one row its linears take 0.36 of the fp32 linears' time, not the 0.25
-  their bytes allow, so a `quant:int8` draft pass cannot reach 0.30 of an fp32 step through this kernel. Blocks
-  of 32, 64, 256 or 512, symmetric codes, DynamicQuantizeMatMul (per-channel int8: `dq8`) and the other
-  accuracy levels (fp32 activations: 25x slower) are all slower at one row;
-- 4-bit MatMulNBits with int8 activations costs 15-30% of a one-row pass per extra row (9 rows: 2.3-3.3x one
-  row, where fp32 takes 1.4x and `dq8` 1.5x): that is what a verify at k = 2, 4, 8 costs over a target-only step
-  on the 4-bit engines, and what bounds prompt lookup there;
-- FusedMatMul (transB), MatMul over pre-transposed weights and Gemm run within a few percent of each other;
+What this shows (stop 38, the 2-core AMD EPYC with AVX-512 and VNNI, ONNX Runtime 1.32, 2 threads spinning
+within a run as the runtime's sessions do; without spinning the int8 and int4 variants ran 1.2-1.5x slower):
+- the int8 draft's kernel (MatMulNBits, 8 bits, block 128, int8 activations) takes 0.33 of the fp32 pre-packed
+  FusedMatMul's time at one row (22 GB/s of codes, scales and zero points against fp32's 26; its bytes would allow
+  0.26). Blocks of 32 (0.41), 64, 256 or 512 (the same as 128), DynamicQuantizeMatMul (per-channel int8: `dq8`,
+  0.37) and fp32 activations (other accuracy levels: 25x slower) are no faster. The rest of a `quant:int8` draft
+  pass (0.36 of an fp32 step in real decoding) is the attention, norms and per-node work that does not shrink;
+- 4-bit MatMulNBits with int8 activations takes 1.83x its one-row time for 3 rows and 2.76x for 9 (fp32 1.15x and
+  1.33x, `dq8` 1.26x and 1.24x): that is what a verify at k = 2, 4, 8 costs over a target-only step on the 4-bit
+  engines, and what bounds prompt lookup there;
+- FusedMatMul (transB), MatMul over pre-transposed weights and Gemm run within 3% of each other;
 - `--mlp`: the fused gate/up linear and its Split against two linears (ONNX Runtime GenAI's form): the fused one
-  is 1-5% faster; the Split's large share in ONNX Runtime's profiles is the profiler's own.
+  is 1.06-1.08x faster; the Split's large share in ONNX Runtime's profiles is the profiler's own.
 
     python tools/kernel_bench.py                                  # every variant at 1 row
     python tools/kernel_bench.py --variants int4:b32,int8:b128 --rows 1,2,3,5,9
@@ -39,6 +40,11 @@ VARIANTS = ("fp32", "fp32:matmul", "fp32:gemm", "int8:b128", "int8:b32", "int4:b
 class _Graph:
     def __init__(self, variant: str, rng: np.random.Generator):
         self.variant, self.rng, self.nodes, self.inits = variant, rng, [], []
+        self.nbytes = 0  # the weights' bytes as stored: codes, scales, zero points
+
+    def weight(self, array: np.ndarray, name: str) -> None:
+        self.inits.append(numpy_helper.from_array(array, name))
+        self.nbytes += array.nbytes
 
     def linear(self, x: str, y: str, n: int, k: int) -> None:
         """y [1, T, n] = x [1, T, k] through the variant's kernel."""
@@ -46,36 +52,35 @@ class _Graph:
         if v.startswith(("int8", "int4")):  # MatMulNBits, int8 activations; int8 asymmetric as the drafts are
             bits, block = int(v[3]), int(v.split(":b")[1])
             nb = -(-k // block)
-            q = rng.integers(0, 256, size=(n, nb, block * bits // 8), dtype=np.uint8)
+            self.weight(rng.integers(0, 256, size=(n, nb, block * bits // 8), dtype=np.uint8), w + "q")
+            self.weight(rng.random(n * nb, dtype=np.float32) * 0.01, w + "s")
             ins = [x, w + "q", w + "s"]
-            self.inits += [numpy_helper.from_array(q, w + "q"),
-                           numpy_helper.from_array(rng.random(n * nb, dtype=np.float32) * 0.01, w + "s")]
             if bits == 8:
-                zp = rng.integers(0, 256, size=n * nb, dtype=np.uint8)
-                self.inits.append(numpy_helper.from_array(zp, w + "z"))
+                self.weight(rng.integers(0, 256, size=n * nb, dtype=np.uint8), w + "z")
                 ins.append(w + "z")
             self.nodes.append(helper.make_node("MatMulNBits", ins, [y], domain="com.microsoft", K=k, N=n, bits=bits,
                                                block_size=block, accuracy_level=4))
         elif v == "dq8":  # per-channel int8 weights, dynamically quantized activations
-            self.inits += [numpy_helper.from_array(rng.integers(-127, 128, size=(k, n), dtype=np.int8), w),
-                           numpy_helper.from_array(rng.random(n, dtype=np.float32) * 0.01, w + "s"),
-                           numpy_helper.from_array(np.zeros(n, np.int8), w + "z")]
+            self.weight(rng.integers(-127, 128, size=(k, n), dtype=np.int8), w)
+            self.weight(rng.random(n, dtype=np.float32) * 0.01, w + "s")
+            self.weight(np.zeros(n, np.int8), w + "z")
             self.nodes.append(helper.make_node("DynamicQuantizeMatMul", [x, w, w + "s", w + "z"], [y],
                                                domain="com.microsoft"))
         else:
             weight = rng.standard_normal((n, k), dtype=np.float32) * 0.02
             if v == "fp32:matmul":
-                self.inits.append(numpy_helper.from_array(np.ascontiguousarray(weight.T), w))
+                self.weight(np.ascontiguousarray(weight.T), w)
                 self.nodes.append(helper.make_node("MatMul", [x, w], [y]))
             elif v == "fp32:gemm":  # 2-D, as the portable graph set writes it
+                self.weight(weight, w)
                 shape = w + "shape"
-                self.inits += [numpy_helper.from_array(weight, w), numpy_helper.from_array(np.array([-1, k]), shape),
-                               numpy_helper.from_array(np.array([1, -1, n]), shape + "y")]
+                self.inits += [numpy_helper.from_array(np.array([-1, k], np.int64), shape),
+                               numpy_helper.from_array(np.array([1, -1, n], np.int64), shape + "y")]
                 self.nodes += [helper.make_node("Reshape", [x, shape], [y + "2d"]),
                                helper.make_node("Gemm", [y + "2d", w], [y + "g"], transB=1),
                                helper.make_node("Reshape", [y + "g", shape + "y"], [y])]
             else:
-                self.inits.append(numpy_helper.from_array(weight, w))
+                self.weight(weight, w)
                 self.nodes.append(helper.make_node("FusedMatMul", [x, w], [y], domain="com.microsoft", transB=1))
 
     def session(self, outputs: list[str], threads: int, wide_input: bool = True) -> ort.InferenceSession:
@@ -84,27 +89,28 @@ class _Graph:
             ins.append(helper.make_tensor_value_info("xf", TensorProto.FLOAT, [1, "T", F]))
         outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
         model = helper.make_model(helper.make_graph(self.nodes, "linears", ins, outs, self.inits),
-                                  opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+                                  opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                                  ir_version=8)
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.force_spinning_stop", "1")  # spin within a run, as the runtime's do
         return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def linears(variant: str, threads: int, seed: int = 0) -> tuple[ort.InferenceSession, int]:
-    """The 30 layers' linears, each reading the graph's input of its width -> (session, weight bytes)."""
+    """The 30 layers' linears, each reading the graph's input of its width -> (session, weight bytes as stored)."""
     g, outs = _Graph(variant, np.random.default_rng(seed)), []
     for layer in range(LAYERS):
         for name, n, k in LINEARS:
             outs.append(f"{name}{layer}")
             g.linear("x" if k == D else "xf", outs[-1], n, k)
-    return g.session(outs, threads), sum(n * k for _, n, k in LINEARS) * LAYERS * _bytes(variant)
+    return g.session(outs, threads), g.nbytes
 
 
 def mlps(variant: str, threads: int, split: bool, seed: int = 0) -> tuple[ort.InferenceSession, int]:
     """30 MLPs chained through the residual: gate/up as one linear and a Split (ours), or as two linears."""
     g, x = _Graph(variant, np.random.default_rng(seed)), "x"
-    g.inits.append(numpy_helper.from_array(np.array([F, F]), "halves"))
+    g.inits.append(numpy_helper.from_array(np.array([F, F], np.int64), "halves"))
     for layer in range(LAYERS):
         gate, up = f"g{layer}", f"u{layer}"
         if split:
@@ -120,24 +126,35 @@ def mlps(variant: str, threads: int, split: bool, seed: int = 0) -> tuple[ort.In
         x = f"r{layer}"
     if not split:
         g.inits = [i for i in g.inits if i.name != "halves"]
-    return g.session([x], threads, wide_input=False), 3 * F * D * LAYERS * _bytes(variant)
-
-
-def _bytes(variant: str) -> float:
-    return {"int8": 1.0, "int4": 0.5, "dq8": 1.0}.get(variant.split(":")[0], 4.0)
+    return g.session([x], threads, wide_input=False), g.nbytes
 
 
 def timed(sessions: dict, feeds: dict, reps: int, calls: int = 8) -> dict[str, float]:
-    """Median seconds per run of each session, alternating between them (warm-up excluded)."""
-    for s in sessions.values():
+    """Median seconds per run of each session, alternating between them (warm-up excluded). Inputs and outputs stay
+    bound (IOBinding): no output is copied out, as in the runtime's steps."""
+    bound = {}
+    for name, s in sessions.items():
+        io = s.io_binding()
+        for key, value in feeds.items():
+            io.bind_cpu_input(key, value)
+        outs = [o.name for o in s.get_outputs()]
+        for o in outs:
+            io.bind_output(o, "cpu")
+        s.run_with_iobinding(io)
+        values = io.get_outputs()
+        io.clear_binding_outputs()
+        for o, v in zip(outs, values):  # the first run's buffers, reused by every later run
+            io.bind_ortvalue_output(o, v)
         for _ in range(5):
-            s.run(None, feeds)
+            s.run_with_iobinding(io)
+        bound[name] = io
     took = {name: [] for name in sessions}
     for r in range(reps):
         for name, s in (sessions.items() if r % 2 == 0 else reversed(sessions.items())):
+            io = bound[name]
             t = time.perf_counter()
             for _ in range(calls):
-                s.run(None, feeds)
+                s.run_with_iobinding(io)
             took[name].append((time.perf_counter() - t) / calls)
     return {name: float(np.median(v)) for name, v in took.items()}
 
@@ -152,6 +169,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS and not (v[:4] in ("int4", "int8") and v[4:6] == ":b" and v[6:].isdigit()):
+            ap.error(f"unknown variant {v!r}: use {', '.join(VARIANTS)}, or int4:bB / int8:bB with a block size B")
     if a.mlp:
         sessions, nbytes = {}, {}
         for v in variants:
