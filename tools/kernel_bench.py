@@ -110,7 +110,8 @@ def linears(variant: str, threads: int, seed: int = 0) -> tuple[ort.InferenceSes
 def mlps(variant: str, threads: int, split: bool, seed: int = 0) -> tuple[ort.InferenceSession, int]:
     """30 MLPs chained through the residual: gate/up as one linear and a Split (ours), or as two linears."""
     g, x = _Graph(variant, np.random.default_rng(seed)), "x"
-    g.inits.append(numpy_helper.from_array(np.array([F, F], np.int64), "halves"))
+    if split:
+        g.inits.append(numpy_helper.from_array(np.array([F, F], np.int64), "halves"))
     for layer in range(LAYERS):
         gate, up = f"g{layer}", f"u{layer}"
         if split:
@@ -124,8 +125,6 @@ def mlps(variant: str, threads: int, split: bool, seed: int = 0) -> tuple[ort.In
         g.linear(f"m{layer}", f"y{layer}", D, F)
         g.nodes.append(helper.make_node("Add", [x, f"y{layer}"], [f"r{layer}"]))
         x = f"r{layer}"
-    if not split:
-        g.inits = [i for i in g.inits if i.name != "halves"]
     return g.session([x], threads, wide_input=False), g.nbytes
 
 
@@ -172,14 +171,13 @@ def main() -> None:
     for v in variants:
         if v not in VARIANTS and not (v[:4] in ("int4", "int8") and v[4:6] == ":b" and v[6:].isdigit()):
             ap.error(f"unknown variant {v!r}: use {', '.join(VARIANTS)}, or int4:bB / int8:bB with a block size B")
+    sessions, nbytes = {}, {}
     if a.mlp:
-        sessions, nbytes = {}, {}
         for v in variants:
             for split in (True, False):
                 name = f"{v} {'gate/up + Split' if split else 'gate, up'}"
                 sessions[name], nbytes[name] = mlps(v, a.threads, split)
     else:
-        sessions, nbytes = {}, {}
         for v in variants:
             sessions[v], nbytes[v] = linears(v, a.threads)
     rng = np.random.default_rng(1)
