@@ -6,11 +6,12 @@ per pass over all of them and the weight bytes it streams per second, per row co
 
 What this shows (stop 38, the 2-core AMD EPYC with AVX-512 and VNNI, ONNX Runtime 1.32, 2 threads spinning
 within a run as the runtime's sessions do; without spinning the int8 and int4 variants ran 1.2-1.5x slower):
-- the int8 draft's kernel (MatMulNBits, 8 bits, block 128, int8 activations) takes 0.33 of the fp32 pre-packed
-  FusedMatMul's time at one row (22 GB/s of codes, scales and zero points against fp32's 26; its bytes would allow
-  0.26). Blocks of 32 (0.41), 64, 256 or 512 (the same as 128), DynamicQuantizeMatMul (per-channel int8: `dq8`,
-  0.37) and fp32 activations (other accuracy levels: 25x slower) are no faster. The rest of a `quant:int8` draft
-  pass (0.36 of an fp32 step in real decoding) is the attention, norms and per-node work that does not shrink;
+- the int8 draft's kernel (MatMulNBits, 8 bits, block 128, int8 activations) takes 0.29-0.33 of the fp32
+  pre-packed FusedMatMul's time at one row over four runs (22-28 GB/s of codes, scales and zero points, about
+  fp32's; its bytes would allow 0.26). Blocks of 32 (0.34-0.41), 64, 256 or 512 (the same as 128),
+  DynamicQuantizeMatMul (per-channel int8: `dq8`, 0.35-0.37) and fp32 activations (other accuracy levels: 25x
+  slower) are no faster. The rest of a `quant:int8` draft pass (0.36 of an fp32 step in real decoding) is the
+  attention, norms and per-node work that does not shrink;
 - 4-bit MatMulNBits with int8 activations takes 1.83x its one-row time for 3 rows and 2.76x for 9 (fp32 1.15x and
   1.33x, `dq8` 1.26x and 1.24x): that is what a verify at k = 2, 4, 8 costs over a target-only step on the 4-bit
   engines, and what bounds prompt lookup there;
