@@ -8,6 +8,14 @@ A two-system run is quieter than the 15-system `specexport bench --peers` and ta
 
     python tools/peer_ab.py engines/bench/se-int4 --precision int4 --prompts-n 6 --reps 2
     python tools/peer_ab.py engines/bench/se-fp32 --precision fp32 --profile /tmp/prof
+    python tools/peer_ab.py engines/bench/se-int4 --precision int4 --prompts-n 24 --auto --ngram 4 --plain
+
+--ngram N also runs ORT GenAI with its n-gram speculation (N draft tokens, 2-grams); ours / theirs is then against
+its better mode over all the prompts, as `specexport bench --peers` scores "the best mode of each peer".
+
+--plain adds our target-only decode through the plain one-token graph (`verify_k0`, whose attention's one-row
+kernel rounds differently from every verify's) in place of the exact step (`verify_k0_exact`, the current token's
+attention on two rows): the exact step's price, with how often its tokens stay ours.
 
 --profile DIR writes ONNX Runtime's per-node profiles of both (ours: one file per session; theirs: og_*.json)
 and prints the decode steps' kernel time per op type (the profiler's own overhead is in both).
@@ -76,6 +84,9 @@ def main() -> None:
     ap.add_argument("--profile", metavar="DIR", help="write and summarize ONNX Runtime profiles")
     ap.add_argument("--rows", type=int, choices=(1, 2), help="force our batch-1 target-only step to this many rows "
                     "(`exact_rows`; 1 on a CPU that needs 2 is the inexact step: the exact step's price)")
+    ap.add_argument("--ngram", type=int, default=0, metavar="N",
+                    help="also ORT GenAI with its n-gram speculation (N draft tokens): ours against its best mode")
+    ap.add_argument("--plain", action="store_true", help="also our target-only through the plain one-token graph")
     a = ap.parse_args()
     gguf = default_model_path()
     prof = os.path.abspath(a.profile) if a.profile else None
@@ -93,40 +104,67 @@ def main() -> None:
     ours = SpeculativeDecoder.load(a.engine, threads=2, max_batch=1, prepack=True)
     if a.rows:
         ours.target._exact_rows = a.rows
-    theirs = OrtGenAIPeer(prepare_ortgenai_models(gguf, precisions=(a.precision,))[a.precision], threads=2,
-                          session_options={"enable_profiling": f"{prof}/og"} if prof else None)
+    model_dir = prepare_ortgenai_models(gguf, precisions=(a.precision,))[a.precision]
+    theirs = OrtGenAIPeer(model_dir, threads=2, session_options={"enable_profiling": f"{prof}/og"} if prof else None)
+    peer_modes = {"theirs": theirs} | ({f"theirs, n-gram {a.ngram}": OrtGenAIPeer(model_dir, ngram=a.ngram, threads=2)}
+                                       if a.ngram else {})
     tok = hf_tokenizer(gguf)
     prompts = [json.loads(line) for line in open(a.prompts)]
     prompts = prompts[::max(1, len(prompts) // a.prompts_n)][:a.prompts_n]
-    modes = {"target-only": dict(speculative=False)} | ({"auto": dict(k="auto")} if a.auto else {})
+    modes = {"target-only": dict(speculative=False)} | ({"auto": dict(k="auto")} if a.auto else {}) | \
+        ({"target-only, plain": dict(speculative=False)} if a.plain else {})
+    exact_verify = ours.target.verify
+
+    def plain_verify(tokens, draft_len, past_len, kv_len, k, *rest):  # the one-token graph, not verify_k0_exact
+        ours.target.fused = k != 0
+        try:
+            return exact_verify(tokens, draft_len, past_len, kv_len, k, *rest)
+        finally:
+            ours.target.fused = True
     ids0 = chat_ids(tok, prompts[0]["prompt"])
     ours.generate(ids0, max_new_tokens=16, speculative=False)
-    theirs.generate(ids0, 16)
-    rates: dict[str, list[float]] = {m: [] for m in modes} | {"theirs": []}
-    same = 0
+    for peer in peer_modes.values():
+        peer.generate(ids0, 16)
+    rates: dict[str, list[float]] = {m: [] for m in modes} | {m: [] for m in peer_modes}
+    same = plain_same = 0
     for rep in range(a.reps):
         for i, p in enumerate(prompts):
             ids = chat_ids(tok, p["prompt"])
             for who in (("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")):
                 if who == "theirs":
-                    toks, dec_s, _ = theirs.generate(ids, a.max_new_tokens)
-                    rates["theirs"].append((len(toks) - 1) / dec_s if len(toks) > 1 else 0.0)
+                    for m, peer in peer_modes.items():
+                        out, dec_s, _ = peer.generate(ids, a.max_new_tokens)
+                        rates[m].append((len(out) - 1) / dec_s if len(out) > 1 else 0.0)
+                        if m == "theirs":
+                            toks = out
                     continue
                 for m, kw in modes.items():
+                    ours.target.verify = plain_verify if m.endswith("plain") else exact_verify
                     o = ours.generate(ids, max_new_tokens=a.max_new_tokens, **kw)[0]
                     rates[m].append(o.stats.decode_rate)
-                    mine = list(o.token_ids)
+                    if m == "target-only":
+                        mine = list(o.token_ids)
+                    elif m.endswith("plain"):
+                        plain_same += list(o.token_ids) == mine
             same += mine == toks[:len(mine)]
 
     def g(xs):
         return float(np.exp(np.mean(np.log(xs))))
-    t = np.array(rates["theirs"])
-    print(f"ORT GenAI {a.precision}: {g(t):.1f} tok/s")
+    for m in peer_modes:
+        print(f"ORT GenAI {a.precision}{m[6:]}: {g(rates[m]):.1f} tok/s")
+    best = max(peer_modes, key=lambda m: g(rates[m]))  # their best mode over all the prompts
+    t = np.array(rates[best])
+    if len(peer_modes) > 1:
+        print(f"ours / theirs below: against ORT GenAI {a.precision}{best[6:]}, its best mode here "
+              f"(target-only also against its plain mode)")
     for m in modes:
         r = np.array(rates[m])
+        plain = f", / its plain mode {g(r / np.array(rates['theirs'])):.3f}" \
+            if best != "theirs" and m.startswith("target-only") else ""
         print(f"ours {m}: {g(r):.1f} tok/s, ours / theirs {g(r / t):.3f} (per run: min {np.min(r / t):.3f}, "
-              f"max {np.max(r / t):.3f})")
-    print(f"same tokens as ORT GenAI {same}/{len(t)}")
+              f"max {np.max(r / t):.3f}){plain}")
+    print(f"same tokens as ORT GenAI {same}/{len(t)}" + (f"; the plain step's tokens equal our exact step's "
+                                                          f"{plain_same}/{len(t)}" if a.plain else ""))
     if prof:
         for s in ours.target._sessions.values():
             s.end_profiling()
