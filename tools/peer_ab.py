@@ -163,6 +163,12 @@ def main() -> None:
             if best != "theirs" and m.startswith("target-only") else ""
         print(f"ours {m}: {g(r):.1f} tok/s, ours / theirs {g(r / t):.3f} (per run: min {np.min(r / t):.3f}, "
               f"max {np.max(r / t):.3f}){plain}")
+    if a.auto:  # our auto over our target-only, per category (issue 12's measure), runs in the loop's order
+        cats = [p["category"] for _ in range(a.reps) for p in prompts]
+        ratio = np.array(rates["auto"]) / np.array(rates["target-only"])
+        per = {c: g(ratio[[i for i, x in enumerate(cats) if x == c]]) for c in sorted(set(cats))}
+        print("ours auto / ours target-only: " + ", ".join(f"{c} {v:.2f}" for c, v in per.items()) +
+              f"; all {g(ratio):.2f}")
     print(f"same tokens as ORT GenAI {same}/{len(t)}" + (f"; the plain step's tokens equal our exact step's "
                                                           f"{plain_same}/{len(t)}" if a.plain else ""))
     if prof:
