@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import gc
 import glob
 import json
 import os
@@ -87,6 +88,7 @@ def main() -> None:
     ap.add_argument("--ngram", type=int, default=0, metavar="N",
                     help="also ORT GenAI with its n-gram speculation (N draft tokens): ours against its best mode")
     ap.add_argument("--plain", action="store_true", help="also our target-only through the plain one-token graph")
+    ap.add_argument("--each", action="store_true", help="print every run: prompt, its tokens, each mode's tok/s")
     a = ap.parse_args()
     gguf = default_model_path()
     prof = os.path.abspath(a.profile) if a.profile else None
@@ -130,11 +132,13 @@ def main() -> None:
     for rep in range(a.reps):
         for i, p in enumerate(prompts):
             ids = chat_ids(tok, p["prompt"])
+            each = {}
             for who in (("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")):
                 if who == "theirs":
                     for m, peer in peer_modes.items():
                         out, dec_s, _ = peer.generate(ids, a.max_new_tokens)
                         rates[m].append((len(out) - 1) / dec_s if len(out) > 1 else 0.0)
+                        each[m] = f"{rates[m][-1]:.1f} ({len(out)})"
                         if m == "theirs":
                             toks = out
                     continue
@@ -142,11 +146,15 @@ def main() -> None:
                     ours.target.verify = plain_verify if m.endswith("plain") else exact_verify
                     o = ours.generate(ids, max_new_tokens=a.max_new_tokens, **kw)[0]
                     rates[m].append(o.stats.decode_rate)
+                    each[m] = f"{rates[m][-1]:.1f} ({len(o.token_ids)})"
                     if m == "target-only":
                         mine = list(o.token_ids)
                     elif m.endswith("plain"):
                         plain_same += list(o.token_ids) == mine
             same += mine == toks[:len(mine)]
+            if a.each:
+                print(f"{p['id']:14s} prompt {len(ids):4d}: " + ", ".join(f"{m} {v}" for m, v in each.items()),
+                      flush=True)
 
     def g(xs):
         return float(np.exp(np.mean(np.log(xs))))
@@ -174,9 +182,14 @@ def main() -> None:
     if prof:
         for s in ours.target._sessions.values():
             s.end_profiling()
-        del theirs
+        del theirs, peer_modes  # (ORT GenAI writes its profile when its model goes)
+        gc.collect()
         for path in sorted(glob.glob(f"{prof}/*.json")):
-            n, run_us, kern_us, ops = op_times(path, one_token=os.path.basename(path).startswith("og"))
+            try:
+                n, run_us, kern_us, ops = op_times(path, one_token=os.path.basename(path).startswith("og"))
+            except json.JSONDecodeError:  # not written out
+                print(f"{os.path.basename(path)}: unreadable")
+                continue
             if n < 10:
                 continue
             print(f"{os.path.basename(path)}: {n} decode runs, {run_us:.0f} us per run, kernels {kern_us:.0f} us")
