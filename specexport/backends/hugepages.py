@@ -4,11 +4,12 @@ A CPU decode step streams every weight once. ONNX Runtime's pre-packed copies li
 memory, which Linux maps in 4 KB pages unless asked otherwise (THP mode "madvise", the common default), so a
 step of the fp32 SmolLM2 walks about 135,000 pages. `collapse_new` asks for 2 MB pages on the memory a session
 open allocated (MADV_HUGEPAGE, then MADV_COLLAPSE to remap what is already there; Linux 6.1+, else khugepaged
-does it over time). Measured on a 2-core AMD EPYC (tools/hugepages_ab.py; README): the fp32 target-only step
-1.04-1.07x faster, its k = 4 verify 1.03x, the int8 draft pass 1.02x; the 4-bit engine's step 1.01x.
+does it over time). Measured on a 2-core AMD EPYC (tools/hugepages_ab.py; README, stop 40): the target-only step
+1.03x faster on the fp32 SmolLM2 and 1.04x on the Q4_1 one, a k = 4 verify 1.02-1.04x, the int8 draft pass
+1.00-1.02x, the int4 engine's step 1.01x.
 
 Left on 4 KB pages, on purpose:
-- the KV caches (`no_huge`): in 2 MB pages the 4-bit engine's step ran 0.92x (measured), and a cache must stay
+- the KV caches (`no_huge`): in 2 MB pages the 4-bit engine's step ran 0.88-0.92x (measured), and a cache must stay
   resident only as far as its positions are written;
 - thread stacks (a mapping right above a PROT_NONE guard) and anything the session open did not create or grow.
 
@@ -37,10 +38,15 @@ def enabled() -> bool:
         return False
 
 
+_LIBC = None
+
+
 def _madvise(start: int, length: int, advice: int) -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise(start, length, advice) == 0
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return _LIBC.madvise(start, length, advice) == 0
 
 
 def mappings() -> Maps:
