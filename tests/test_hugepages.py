@@ -1,6 +1,7 @@
 """2 MB pages for the pre-packed weights (backends/hugepages.py): what is advised, what is left alone."""
 
 import mmap
+import os
 import sys
 
 import numpy as np
@@ -39,24 +40,61 @@ def test_off_switch(monkeypatch):
     assert not hugepages.enabled()
 
 
+def test_only_memory_added_since_the_snapshot_is_advised(monkeypatch):
+    M = 1 << 20
+    advised = []
+    monkeypatch.setattr(hugepages, "_huge_size", lambda: 2 * M)
+    monkeypatch.setattr(hugepages, "_madvise", lambda a, n, how: advised.append((a // M, (a + n) // M, how)) or True)
+    monkeypatch.setattr(hugepages, "_SMALL", [(40 * M, 44 * M)])  # a cache
+    # a mapping that grew from [0, 16 MB) to [0, 64 MB) (the heap), and one that is new: [100, 107 MB)
+    monkeypatch.setattr(hugepages, "_candidates", lambda: [(0, 64 * M), (100 * M, 107 * M)])
+    assert hugepages.collapse_new([(0, 16 * M), (70 * M, 80 * M)]) == (24 + 20 + 6) * M
+    huge = [(a, b) for a, b, how in advised if how == hugepages.MADV_HUGEPAGE]
+    assert huge == [(16, 40), (44, 64), (100, 106)]
+    assert hugepages.collapse_new([]) == 0  # no snapshot (no /proc): nothing
+
+
+def test_smaps_candidates_skip_stacks_files_and_no_huge_mappings():
+    smaps = """\
+00400000-00500000 r-xp 00000000 08:01 123 /usr/bin/python3
+00600000-00800000 rw-p 00000000 00:00 0 [heap]
+VmFlags: rd wr mr mw me ac
+7f0000000000-7f0000001000 ---p 00000000 00:00 0
+VmFlags: mr mw me ac
+7f0000001000-7f0000801000 rw-p 00000000 00:00 0
+VmFlags: rd wr mr mw me ac
+7f0001000000-7f0002000000 rw-p 00000000 00:00 0
+Rss: 4 kB
+VmFlags: rd wr mr mw me nh ac
+7f0003000000-7f0004000000 rw-p 00000000 00:00 0
+VmFlags: rd wr mr mw me ac
+7f0005000000-7f0006000000 rw-s 00000000 00:05 77 /dev/shm/x
+VmFlags: rd wr sh mr mw me ms
+""".splitlines(True)
+    assert hugepages.parse_smaps(smaps) == [(0x600000, 0x800000), (0x7F0003000000, 0x7F0004000000)]
+
+
 @linux_thp
-def test_new_memory_is_advised_and_kept_out_ranges_are_not():
-    before = hugepages.mappings()
+def test_new_memory_is_collapsed_and_old_memory_and_caches_are_not():
     size = 16 << 20
+    old = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    np.frombuffer(old, np.uint8)[:1] = 1  # one resident page: collapsing it would make 2 MB resident
+    before = hugepages.mappings()
     m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     a = np.frombuffer(m, np.uint8)
     a[::4096] = 1  # resident in 4 KB pages
     lo = a.ctypes.data
-    keep = (lo + size - (6 << 20), lo + size)  # the last 6 MB: say, a cache
-    advised = hugepages.collapse_new(before, [keep])
-    assert advised >= 8 << 20  # at least the 2 MB-aligned interior of the first 10 MB
+    hugepages.no_huge(lo + size - (6 << 20), 6 << 20)  # the last 6 MB: a cache
+    assert hugepages.collapse_new(before) >= 8 << 20  # at least the 2 MB-aligned interior of the first 10 MB
     assert "hg" in _vma(lo + (4 << 20))["VmFlags"].split()
-    assert "hg" not in _vma(keep[0] + (1 << 20))["VmFlags"].split()
+    assert "nh" in _vma(lo + size - (1 << 20))["VmFlags"].split()
+    assert "hg" not in _vma(np.frombuffer(old, np.uint8).ctypes.data)["VmFlags"].split()
+    if tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit()) >= (6, 1):  # MADV_COLLAPSE
+        assert int(_vma(lo + (4 << 20))["AnonHugePages"].split()[0]) > 0
     assert a[::4096].sum() == size // 4096  # the contents stay
-    # memory that was there before the snapshot is not touched
-    assert hugepages.collapse_new(hugepages.mappings(), []) == 0
     del a
     m.close()
+    old.close()
 
 
 @linux_thp
@@ -66,6 +104,5 @@ def test_engine_caches_stay_on_small_pages(engines):
     dec = SpeculativeDecoder.load(engines["lookup"], max_batch=1, prepack=True)
     kv = dec.target._kv_np[0]
     assert "nh" in _vma(kv.ctypes.data)["VmFlags"].split()
-    assert dec.target.huge_bytes >= 0
     ids = dec.generate([5, 6, 7, 8, 9], 12, speculative=False)[0].token_ids
     assert ids == dec.generate([5, 6, 7, 8, 9], 12, k=3)[0].token_ids

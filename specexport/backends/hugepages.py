@@ -2,43 +2,60 @@
 
 A CPU decode step streams every weight once. ONNX Runtime's pre-packed copies live in ordinary anonymous
 memory, which Linux maps in 4 KB pages unless asked otherwise (THP mode "madvise", the common default), so a
-step of the fp32 SmolLM2 walks about 135,000 pages. `collapse_new` asks for 2 MB pages on the memory a session
-open allocated (MADV_HUGEPAGE, then MADV_COLLAPSE to remap what is already there; Linux 6.1+, else khugepaged
-does it over time). Measured on a 2-core AMD EPYC (tools/hugepages_ab.py; README, stop 40): the target-only step
-1.03x faster on the fp32 SmolLM2 and 1.04x on the Q4_1 one, a k = 4 verify 1.02-1.04x, the int8 draft pass
-1.00-1.02x, the int4 engine's step 1.01x.
+step of the fp32 SmolLM2 walks about 135,000 pages. `collapse_new` asks for huge pages (2 MB on x86-64) on the
+memory a session open added (MADV_HUGEPAGE, then MADV_COLLAPSE to remap what is already there; Linux 6.1+, else
+khugepaged does it over time). Measured on a 2-core AMD EPYC (tools/hugepages_ab.py; README, stop 40): the
+target-only step 1.03-1.04x faster on the fp32 SmolLM2 and 1.04-1.05x on the Q4_1 one, a k = 4 verify 1.02-1.05x,
+the int8 draft pass 1.00x, the int4 engine's step 1.01x.
 
-Left on 4 KB pages, on purpose:
-- the KV caches (`no_huge`): in 2 MB pages the 4-bit engine's step ran 0.88-0.92x (measured), and a cache must stay
-  resident only as far as its positions are written;
-- thread stacks (a mapping right above a PROT_NONE guard) and anything the session open did not create or grow.
+What is advised: address ranges that no mapping covered before the open and that are now anonymous read-write
+memory; memory that existed before (the heap below its old end, a mapping a new one merged into) is left as it
+was, so a collapse never fills another component's sparse memory. Left on small pages, on purpose:
+- the KV caches (`no_huge`, remembered here for every engine in the process): in 2 MB pages the 4-bit engine's
+  step ran 0.88-0.92x (measured), and a cache must stay resident only as far as its positions are written;
+- thread stacks (a mapping right above a PROT_NONE guard) and mappings marked MADV_NOHUGEPAGE by anyone.
+Another thread's allocations made during the open are advised too (a hint only: the contents never change).
+MADV_COLLAPSE compacts memory synchronously: a sampling graph's session, opened at the first sampled request,
+pauses that request for it. Any failure (no /proc, an old kernel) leaves the pages as they were.
 
 SPECEXPORT_HUGEPAGES=0 turns it off.
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
+import mmap
 import os
 import sys
+import threading
 
 MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_COLLAPSE = 14, 15, 25
-HUGE = 2 << 20
+THP = "/sys/kernel/mm/transparent_hugepage"
 
-Maps = dict[int, tuple[int, str, bool]]  # start -> (end, perms, anonymous)
+_LOCK = threading.Lock()
+_SMALL: list[tuple[int, int]] = []  # ranges kept on small pages (the KV caches)
+_LIBC = None
+
+Maps = list[tuple[int, int]]
 
 
 def enabled() -> bool:
     if not sys.platform.startswith("linux") or os.environ.get("SPECEXPORT_HUGEPAGES", "1") == "0":
         return False
     try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        with open(f"{THP}/enabled") as f:
             return "[never]" not in f.read()
     except OSError:
         return False
 
 
-_LIBC = None
+def _huge_size() -> int:
+    try:
+        with open(f"{THP}/hpage_pmd_size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2 << 20
 
 
 def _madvise(start: int, length: int, advice: int) -> bool:
@@ -50,45 +67,72 @@ def _madvise(start: int, length: int, advice: int) -> bool:
 
 
 def mappings() -> Maps:
-    """This process's memory mappings (/proc/self/maps)."""
-    out: Maps = {}
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split()
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            anon = fields[4] == "0" and (len(fields) == 5 or fields[5] == "[heap]")
-            out[lo] = (hi, fields[1], anon)
+    """The address ranges of this process's mappings (/proc/self/maps); [] where it cannot be read."""
+    try:
+        with open("/proc/self/maps") as f:
+            return [tuple(int(x, 16) for x in line.split(None, 1)[0].split("-")) for line in f]
+    except (OSError, ValueError):
+        return []
+
+
+def _candidates() -> list[tuple[int, int]]:
+    with open("/proc/self/smaps") as f:
+        return parse_smaps(f)
+
+
+def parse_smaps(lines) -> list[tuple[int, int]]:
+    """Of /proc/self/smaps' lines: the anonymous read-write mappings that nobody marked MADV_NOHUGEPAGE and that
+    are not thread stacks (right above a PROT_NONE guard)."""
+    out, cur, guard_ends = [], None, set()
+    for line in lines:
+        head = line.split(None, 6)
+        if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            perms, inode = head[1], head[4]
+            name = head[5].strip() if len(head) > 5 else ""
+            if perms.startswith("---"):
+                guard_ends.add(hi)
+            anon = inode == "0" and name in ("", "[heap]")
+            cur = (lo, hi) if anon and perms.startswith("rw") and lo not in guard_ends else None
+        elif cur is not None and head[0] == "VmFlags:":
+            if "nh" not in line.split()[1:]:
+                out.append(cur)
+            cur = None
     return out
 
 
 def no_huge(start: int, length: int) -> None:
-    """Keep [start, start + length) on 4 KB pages, whatever the system's THP mode (the KV caches)."""
+    """Keep [start, start + length) on small pages, whatever the system's THP mode (the KV caches)."""
+    page = mmap.PAGESIZE
+    lo, hi = start // page * page, -(-(start + length) // page) * page
+    with _LOCK:
+        _SMALL.append((lo, hi))
     if enabled():
-        lo, hi = _aligned(start, start + length, 4096)
-        if hi > lo:
-            _madvise(lo, hi - lo, MADV_NOHUGEPAGE)
+        _madvise(lo, hi - lo, MADV_NOHUGEPAGE)
 
 
-def _aligned(lo: int, hi: int, to: int) -> tuple[int, int]:
-    return -(-lo // to) * to, hi // to * to
-
-
-def collapse_new(before: Maps, keep_out: list[tuple[int, int]]) -> int:
-    """2 MB pages for the anonymous read-write memory that appeared or grew since `before` (a `mappings()`
-    snapshot), except the ranges in keep_out and thread stacks. Returns the bytes advised."""
-    now = mappings()
-    ends = {hi: perms for hi, perms, _ in now.values()}
+def collapse_new(before: Maps) -> int:
+    """Huge pages for the anonymous read-write memory added since `before` (a `mappings()` snapshot), less the
+    ranges kept small. Returns the bytes advised (collapsed now where the kernel can, else by khugepaged)."""
+    if not before:
+        return 0
+    huge = _huge_size()
     total = 0
-    for lo, (hi, perms, anon) in now.items():
-        if not anon or perms[:2] != "rw" or before.get(lo, (None,))[0] == hi:
-            continue
-        if ends.get(lo, "").startswith("---"):  # right above a guard page: a thread's stack
-            continue
-        for a, b in _minus((lo, hi), keep_out):
-            a, b = _aligned(a, b, HUGE)
-            if b - a >= HUGE and _madvise(a, b - a, MADV_HUGEPAGE):
-                _madvise(a, b - a, MADV_COLLAPSE)  # (fails before Linux 6.1: then khugepaged, in time)
-                total += b - a
+    with _LOCK:
+        try:
+            before = sorted(before)
+            starts = [a for a, _ in before]
+            for lo, hi in _candidates():
+                i = max(bisect.bisect_right(starts, lo) - 1, 0)
+                j = bisect.bisect_left(starts, hi)
+                cuts = [(a, b) for a, b in before[i:j] + _SMALL if a < hi and b > lo]
+                for a, b in _minus((lo, hi), cuts):
+                    a, b = -(-a // huge) * huge, b // huge * huge
+                    if b - a >= huge and _madvise(a, b - a, MADV_HUGEPAGE):
+                        _madvise(a, b - a, MADV_COLLAPSE)
+                        total += b - a
+        except (OSError, ValueError, IndexError):  # an unreadable or unexpected /proc: leave the rest as it is
+            pass
     return total
 
 

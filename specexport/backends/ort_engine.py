@@ -179,8 +179,7 @@ class OrtEngine:
             self._kv_np = zeroed_host([shape] * (2 * cfg.num_layers), np_dtype)
             self.kv = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._kv_np]
             lo = self._kv_np[0].ctypes.data  # (one map, the arrays in order)
-            self._kv_span = (lo, self._kv_np[-1].ctypes.data + self._kv_np[-1].nbytes)
-            hugepages.no_huge(lo, self._kv_span[1] - lo)  # (hugepages.py: the caches stay on 4 KB pages)
+            hugepages.no_huge(lo, self._kv_np[-1].ctypes.data + self._kv_np[-1].nbytes - lo)  # (4 KB pages)
         self.kv_dtype = np_dtype
         self.key_pos = np.arange(cache_len, dtype=np.int64)  # [S]; key_pos[:L] is bound without a copy
         self._sessions: dict[str, object] = {}
@@ -297,7 +296,7 @@ class OrtEngine:
             if packs:
                 self._drop_weight_pages()
             if before is not None:  # the packed copies this open made, in 2 MB pages (hugepages.py)
-                self.huge_bytes += hugepages.collapse_new(before, [self._kv_span])
+                self.huge_bytes += hugepages.collapse_new(before)
         return self._sessions[name]
 
     def _drop_weight_pages(self) -> None:
