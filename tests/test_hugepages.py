@@ -2,7 +2,6 @@
 
 import mmap
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -98,7 +97,6 @@ def test_new_memory_is_collapsed_and_old_memory_and_caches_are_not():
 
 
 @linux_thp
-@pytest.mark.skipif(sys.platform != "linux", reason="Linux only")
 def test_engine_caches_stay_on_small_pages(engines):
     from specexport.runtime import SpeculativeDecoder
     dec = SpeculativeDecoder.load(engines["lookup"], max_batch=1, prepack=True)

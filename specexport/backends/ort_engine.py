@@ -98,6 +98,7 @@ def zeroed_host(shapes: list[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarr
     page = mmap.PAGESIZE
     sizes = [-(-int(np.prod(shape)) * np.dtype(dtype).itemsize // page) * page for shape in shapes]
     mm = mmap.mmap(-1, max(sum(sizes), page), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    hugepages.no_huge(np.frombuffer(mm, np.uint8).ctypes.data, len(mm))  # small pages, so that holds (hugepages.py)
     out, offset = [], 0
     for shape, size in zip(shapes, sizes):
         out.append(np.frombuffer(mm, dtype, int(np.prod(shape)), offset).reshape(shape))
@@ -178,8 +179,6 @@ class OrtEngine:
         else:
             self._kv_np = zeroed_host([shape] * (2 * cfg.num_layers), np_dtype)
             self.kv = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._kv_np]
-            lo = self._kv_np[0].ctypes.data  # (one map, the arrays in order)
-            hugepages.no_huge(lo, self._kv_np[-1].ctypes.data + self._kv_np[-1].nbytes - lo)  # (4 KB pages)
         self.kv_dtype = np_dtype
         self.key_pos = np.arange(cache_len, dtype=np.int64)  # [S]; key_pos[:L] is bound without a copy
         self._sessions: dict[str, object] = {}
