@@ -17,11 +17,14 @@ within a run as the runtime's sessions do; without spinning the int8 and int4 va
   engines, and what bounds prompt lookup there;
 - FusedMatMul (transB), MatMul over pre-transposed weights and Gemm run within 3% of each other;
 - `--mlp`: the fused gate/up linear and its Split against two linears (ONNX Runtime GenAI's form): the fused one
-  is 1.06-1.08x faster; the Split's large share in ONNX Runtime's profiles is the profiler's own.
+  is 1.06-1.08x faster; the Split's large share in ONNX Runtime's profiles is the profiler's own. Stop 41 added the
+  MLP as one QMoE node (ONNX Runtime 1.32's CPU kernel, one expert, SwiGLU inside): no faster at one row and
+  slower at 3 and 9 (see the README's stop 41 notes).
 
     python tools/kernel_bench.py                                  # every variant at 1 row
     python tools/kernel_bench.py --variants int4:b32,int8:b128 --rows 1,2,3,5,9
     python tools/kernel_bench.py --mlp --variants fp32,int4:b32
+    python tools/kernel_bench.py --mlp --variants int8:b64,int4:b32 --rows 1,3,9
 """
 
 from __future__ import annotations
@@ -84,6 +87,25 @@ class _Graph:
                 self.weight(weight, w)
                 self.nodes.append(helper.make_node("FusedMatMul", [x, w], [y], domain="com.microsoft", transB=1))
 
+    def qmoe(self, x: str, y: str) -> None:
+        """y = the MLP of x as one QMoE node (one expert; the variant's bits and block, int8 activations)."""
+        bits, block = int(self.variant[3]), int(self.variant.split(":b")[1])
+        w, rng = f"w{len(self.inits)}", self.rng
+        ins = [x, "router"]
+        for name, n, k in (("fc1", 2 * F, D), ("fc2", D, F)):
+            self.weight(rng.integers(0, 256, size=(1, n, k * bits // 8), dtype=np.uint8), w + name + "q")
+            self.weight(rng.random((1, n, k // block), dtype=np.float32) * 0.01, w + name + "s")
+            ins += [w + name + "q", w + name + "s", ""]  # (no bias)
+        ins += ["", "", ""]  # no fc3 (gate and up are fc1, interleaved)
+        if bits == 8:  # zero points, as the linears' int8 variant (asymmetric, as the drafts are)
+            for name, n, k in (("fc1", 2 * F, D), ("fc2", D, F)):
+                self.weight(rng.integers(0, 256, size=(1, n, k // block), dtype=np.uint8), w + name + "z")
+                ins.append(w + name + "z")
+        self.nodes.append(helper.make_node("QMoE", ins, [y], domain="com.microsoft", activation_type="swiglu",
+                                           swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, k=1,
+                                           normalize_routing_weights=0, expert_weight_bits=bits, block_size=block,
+                                           accuracy_level=4))
+
     def session(self, outputs: list[str], threads: int, wide_input: bool = True) -> ort.InferenceSession:
         ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", D])]
         if wide_input:  # [1, T, 1536]: the down projections' input
@@ -108,22 +130,37 @@ def linears(variant: str, threads: int, seed: int = 0) -> tuple[ort.InferenceSes
     return g.session(outs, threads), g.nbytes
 
 
-def mlps(variant: str, threads: int, split: bool, seed: int = 0) -> tuple[ort.InferenceSession, int]:
-    """30 MLPs chained through the residual: gate/up as one linear and a Split (ours), or as two linears."""
+def mlps(variant: str, threads: int, form: str, seed: int = 0) -> tuple[ort.InferenceSession, int]:
+    """30 MLPs chained through the residual, in one of three forms: "split" (ours: gate/up as one linear and a
+    Split), "two" (gate and up as two linears, ONNX Runtime GenAI's form) or "qmoe" (the whole MLP as one
+    com.microsoft QMoE node with a single expert: its CPU kernel runs MatMulNBits' kernels and the SwiGLU inside;
+    quantized variants only, its gate/up rows interleaved, blocks that divide both 576 and 1536)."""
     g, x = _Graph(variant, np.random.default_rng(seed)), "x"
-    if split:
+    if form == "split":
         g.inits.append(numpy_helper.from_array(np.array([F, F], np.int64), "halves"))
+    if form == "qmoe":  # router_probs [T, 1] = 1 (one expert, weight 1), made from x once per pass
+        g.inits += [numpy_helper.from_array(np.array([-1, 1], np.int64), "rshape"),
+                    numpy_helper.from_array(np.array([-1], np.int64), "raxes"),
+                    numpy_helper.from_array(np.zeros((), np.float32), "zero"),
+                    numpy_helper.from_array(np.ones((), np.float32), "one")]
+        g.nodes += [helper.make_node("ReduceMax", ["x", "raxes"], ["router_max"], keepdims=1),
+                    helper.make_node("Reshape", ["router_max", "rshape"], ["router_2d"]),
+                    helper.make_node("Mul", ["router_2d", "zero"], ["router_0"]),
+                    helper.make_node("Add", ["router_0", "one"], ["router"])]
     for layer in range(LAYERS):
         gate, up = f"g{layer}", f"u{layer}"
-        if split:
-            g.linear(x, f"gu{layer}", 2 * F, D)
-            g.nodes.append(helper.make_node("Split", [f"gu{layer}", "halves"], [gate, up], axis=-1))
+        if form == "qmoe":
+            g.qmoe(x, f"y{layer}")
         else:
-            g.linear(x, gate, F, D)
-            g.linear(x, up, F, D)
-        g.nodes += [helper.make_node("QuickGelu", [gate], [f"a{layer}"], domain="com.microsoft", alpha=1.0),
-                    helper.make_node("Mul", [f"a{layer}", up], [f"m{layer}"])]
-        g.linear(f"m{layer}", f"y{layer}", D, F)
+            if form == "split":
+                g.linear(x, f"gu{layer}", 2 * F, D)
+                g.nodes.append(helper.make_node("Split", [f"gu{layer}", "halves"], [gate, up], axis=-1))
+            else:
+                g.linear(x, gate, F, D)
+                g.linear(x, up, F, D)
+            g.nodes += [helper.make_node("QuickGelu", [gate], [f"a{layer}"], domain="com.microsoft", alpha=1.0),
+                        helper.make_node("Mul", [f"a{layer}", up], [f"m{layer}"])]
+            g.linear(f"m{layer}", f"y{layer}", D, F)
         g.nodes.append(helper.make_node("Add", [x, f"y{layer}"], [f"r{layer}"]))
         x = f"r{layer}"
     return g.session([x], threads, wide_input=False), g.nbytes
@@ -164,7 +201,8 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)} "
                     "(intN:bB: MatMulNBits at N bits, blocks of B)")
     ap.add_argument("--rows", default="1", help="comma-separated row counts M (a verify at k runs k + 1)")
-    ap.add_argument("--mlp", action="store_true", help="the MLPs, fused gate/up + Split against two linears")
+    ap.add_argument("--mlp", action="store_true", help="the MLPs: fused gate/up + Split, two linears, and (quantized "
+                    "variants with blocks of 32 or 64) one QMoE node each")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
@@ -174,10 +212,12 @@ def main() -> None:
             ap.error(f"unknown variant {v!r}: use {', '.join(VARIANTS)}, or int4:bB / int8:bB with a block size B")
     sessions, nbytes = {}, {}
     if a.mlp:
+        labels = {"split": "gate/up + Split", "two": "gate, up", "qmoe": "QMoE node"}
         for v in variants:
-            for split in (True, False):
-                name = f"{v} {'gate/up + Split' if split else 'gate, up'}"
-                sessions[name], nbytes[name] = mlps(v, a.threads, split)
+            qmoe = v.startswith("int") and D % int(v.split(":b")[1]) == 0 and F % int(v.split(":b")[1]) == 0
+            for form in ("split", "two") + (("qmoe",) if qmoe else ()):
+                name = f"{v} {labels[form]}"
+                sessions[name], nbytes[name] = mlps(v, a.threads, form)
     else:
         for v in variants:
             sessions[v], nbytes[v] = linears(v, a.threads)
