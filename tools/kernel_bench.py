@@ -39,6 +39,12 @@ from onnx import TensorProto, helper, numpy_helper
 D, F, LAYERS = 576, 1536, 30
 LINEARS = [("qkv", 960, D), ("o", D, D), ("gate_up", 2 * F, D), ("down", D, F)]  # (name, out, in)
 VARIANTS = ("fp32", "fp32:matmul", "fp32:gemm", "int8:b128", "int8:b32", "int4:b32", "dq8")
+FCS = (("fc1", 2 * F, D), ("fc2", D, F))  # an MLP's two QMoE weights: gate/up (interleaved) and down (name, out, in)
+
+
+def bits_block(variant: str) -> tuple[int, int]:
+    """"int8:b128" -> (8, 128)."""
+    return int(variant[3]), int(variant.split(":b")[1])
 
 
 class _Graph:
@@ -54,7 +60,7 @@ class _Graph:
         """y [1, T, n] = x [1, T, k] through the variant's kernel."""
         v, w, rng = self.variant, f"w{len(self.inits)}", self.rng
         if v.startswith(("int8", "int4")):  # MatMulNBits, int8 activations; int8 asymmetric as the drafts are
-            bits, block = int(v[3]), int(v.split(":b")[1])
+            bits, block = bits_block(v)
             nb = -(-k // block)
             self.weight(rng.integers(0, 256, size=(n, nb, block * bits // 8), dtype=np.uint8), w + "q")
             self.weight(rng.random(n * nb, dtype=np.float32) * 0.01, w + "s")
@@ -89,16 +95,16 @@ class _Graph:
 
     def qmoe(self, x: str, y: str) -> None:
         """y = the MLP of x as one QMoE node (one expert; the variant's bits and block, int8 activations)."""
-        bits, block = int(self.variant[3]), int(self.variant.split(":b")[1])
+        bits, block = bits_block(self.variant)
         w, rng = f"w{len(self.inits)}", self.rng
         ins = [x, "router"]
-        for name, n, k in (("fc1", 2 * F, D), ("fc2", D, F)):
+        for name, n, k in FCS:
             self.weight(rng.integers(0, 256, size=(1, n, k * bits // 8), dtype=np.uint8), w + name + "q")
             self.weight(rng.random((1, n, k // block), dtype=np.float32) * 0.01, w + name + "s")
             ins += [w + name + "q", w + name + "s", ""]  # (no bias)
         ins += ["", "", ""]  # no fc3 (gate and up are fc1, interleaved)
         if bits == 8:  # zero points, as the linears' int8 variant (asymmetric, as the drafts are)
-            for name, n, k in (("fc1", 2 * F, D), ("fc2", D, F)):
+            for name, n, k in FCS:
                 self.weight(rng.integers(0, 256, size=(1, n, k // block), dtype=np.uint8), w + name + "z")
                 ins.append(w + name + "z")
         self.nodes.append(helper.make_node("QMoE", ins, [y], domain="com.microsoft", activation_type="swiglu",
@@ -214,7 +220,7 @@ def main() -> None:
     if a.mlp:
         labels = {"split": "gate/up + Split", "two": "gate, up", "qmoe": "QMoE node"}
         for v in variants:
-            qmoe = v.startswith("int") and D % int(v.split(":b")[1]) == 0 and F % int(v.split(":b")[1]) == 0
+            qmoe = v.startswith("int") and D % bits_block(v)[1] == 0 and F % bits_block(v)[1] == 0
             for form in ("split", "two") + (("qmoe",) if qmoe else ()):
                 name = f"{v} {labels[form]}"
                 sessions[name], nbytes[name] = mlps(v, a.threads, form)
