@@ -38,6 +38,7 @@ def test_cpu_dry_run_prints_the_table(selftest, capsys):
     assert sorted((r["B"], r["graphs"], r["mode"]) for r in speed) == sorted(
         (B, g, m) for B in (1, 8) for g in ("off", "on") for m in ("target-only", "lookup"))
     assert all(r["result"] in out for r in speed)  # printed as one table
+    assert all(r["same"] == f"{r['B']}/{r['B']}" for r in speed)  # speculative tokens = target-only's
     for backend in ("onnxruntime-gpu", "TensorRT"):
         assert backend in out or importlib.util.find_spec(backend.lower().replace("-gpu", "")) is not None
 
@@ -48,3 +49,12 @@ def test_imports_need_no_transformers():
             "print(sorted(n for n in ('transformers', 'onnx', 'safetensors') if n in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(TOOL)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_hf_rows_match_transformers_on_the_same_weights(selftest):
+    """--hf: transformers' generate and this runtime on one random Llama's weights; in fp32 the greedy tokens
+    are transformers' own, plain and speculative."""
+    rows = selftest.hf_rows(selftest.Setup(True), "tiny", 16, "fp32")
+    assert [(r["model"], r["mode"]) for r in rows] == [("tiny transformers", "plain"), ("tiny transformers", "lookup"),
+                                                       ("tiny specexport", "target-only"), ("tiny specexport", "lookup")]
+    assert all(r["same"] == "=" for r in rows)

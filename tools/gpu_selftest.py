@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""GPU self-test: one script, one GPU, under 5 minutes, torch and numpy only (no transformers, no files).
+"""GPU self-test: one script, one GPU, under 5 minutes, torch and numpy only (no files; transformers for --hf).
 
     python tools/gpu_selftest.py            # on a CUDA machine
+    python tools/gpu_selftest.py --hf       # + transformers' generate on the same weights (needs transformers)
     python tools/gpu_selftest.py --cpu      # a quick dry run of the same table on the CPU (tiny models only)
 
 It prints one table:
@@ -15,11 +16,15 @@ It prints one table:
   (1 - device time of the graph replays / step time; graphs only: eager steps have no replay to time).
   Random weights: the model's greedy output falls into loops that prompt lookup then predicts, so the
   acceptance (and the speed-up) says how the runtime does at that acceptance, not what a trained model gets.
+  same: rows whose speculative tokens equal target-only's (the lossless check on the speed model).
+- hf (--hf): transformers' generate, plain and prompt lookup, against this runtime with CUDA graphs on one
+  random transformers Llama of the speed model's shape, batch 1 (hf_rows).
 Then one line per backend this script does not exercise that is not installed here (onnxruntime-gpu,
 TensorRT). Without CUDA it says so and exits 0. Exit status 1 when an exactness check fails.
 
 Targets on a GPU: host overhead < 5% of a step with CUDA graphs; speculative >= 1.5x target-only at batch 1
-on the prompt-lookup-friendly prompt. This script has not been run on a GPU yet.
+on the prompt-lookup-friendly prompt. Run on one H200 (torch 2.11, CUDA 13) in stop 42: the README's "CUDA graphs"
+section has the figures.
 """
 
 from __future__ import annotations
@@ -181,27 +186,103 @@ def speed_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
     for B in (1, 8):
         ps = prompts(cfg.vocab_size, B, seed=4)
         ps = [ps[0]] * B  # every row the prompt-lookup friendly one
-        base = {}
+        base, plain = {}, {}
         for graphs in (False, True):
             dec = decoder(setup, target, None, dc, graphs, "lookup")
             for mode in ("target-only", "lookup"):
                 spec = mode != "target-only"
                 decode(dec, ps, new, spec)  # warm-up (captures the graphs)
-                ms, steps, tokens, device_ms = decode(dec, ps, new, spec)
+                ms, steps, tokens, device_ms, outs = decode(dec, ps, new, spec)
                 tps = tokens / ms * 1e3
                 base.setdefault(graphs, tps)
+                want = plain.setdefault(graphs, outs)
                 outside = f"{max(0.0, 1 - device_ms / ms):.1%}" if graphs else "-"
                 rows.append(dict(check="speed", model=size, dtype=dtype,
                                  graphs=_on(graphs), mode=mode, B=B, result=f"{tps:,.0f} tok/s",
                                  speedup=f"{tps / base[graphs]:.2f}x", per_step=f"{tokens / steps / B:.2f}",
-                                 step_ms=f"{ms / steps:.2f}", outside=outside))
+                                 step_ms=f"{ms / steps:.2f}", outside=outside,
+                                 same=f"{sum(a == b for a, b in zip(outs, want))}/{B}"))
     del target
     return rows
 
 
+def hf_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
+    """transformers' own generate (eager, its dynamic cache; plain and prompt lookup, 4 tokens) against this
+    runtime with CUDA graphs on the same random weights (a transformers model of the speed model's shape, its
+    state dict loaded into StaticKVDecoder), batch 1. Decode tok/s: (time of `new` tokens - time of 1) / (new - 1),
+    each the best of 2 after a warm-up. same: this runtime's greedy tokens equal transformers' plain ones."""
+    import transformers
+    from specexport.models.decoder import StaticKVDecoder
+    c = SPEED[size]
+    hc = transformers.LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+                                  intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_layers"],
+                                  num_attention_heads=c["num_heads"], num_key_value_heads=c["num_kv_heads"],
+                                  head_dim=c["head_dim"], rope_theta=c.get("rope_theta", 10000.0),
+                                  tie_word_embeddings=True, max_position_embeddings=2048)
+    dc = DecoderConfig(k=4, max_seq_len=512, max_batch=1, prefill_chunk=128)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPES[dtype])
+    try:
+        with torch.device(setup.device):
+            torch.manual_seed(5)
+            hf = transformers.LlamaForCausalLM(hc).eval().requires_grad_(False)
+            hf.model.norm.weight.mul_(6.0)  # sharper distributions (as random_decoder's logit_scale)
+            ours = StaticKVDecoder(ModelConfig.from_hf(hc.to_dict()), dc.cache_len)
+    finally:
+        torch.set_default_dtype(default)
+    state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight" and "rotary" not in k}
+    ours.load_state_dict(state, strict=False)
+    ours = ours.eval().requires_grad_(False).fuse()
+    ours._set_rope(DTYPES[dtype])
+    ours.to(setup.device)
+    p = prompts(c["vocab_size"], 1, seed=4)[0]
+    ids = torch.tensor([p], device=setup.device)
+
+    def hf_generate(n: int, **kw) -> tuple[float, list[int], list[torch.Tensor]]:
+        best = float("inf")
+        for _ in range(3):  # a warm-up, then the best of 2
+            setup.sync()
+            t = time.perf_counter()
+            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, return_dict_in_generate=True,
+                              output_logits=True, **kw)
+            setup.sync()
+            best = min(best, time.perf_counter() - t)
+        return best, out.sequences[0, len(p):].tolist(), [x[0] for x in out.logits]
+
+    rows, ref, ref_logits = [], None, None
+    for name, kw in (("plain", {}), ("lookup", dict(prompt_lookup_num_tokens=4))):
+        t1, _, _ = hf_generate(1, **kw)
+        tn, toks, logits = hf_generate(new, **kw)
+        if ref is None:
+            ref, ref_logits = toks, logits
+        tps = (new - 1) / (tn - t1)
+        rows.append(dict(check="hf", model=f"{size} transformers", dtype=dtype, graphs="off", mode=name, B=1,
+                         result=f"{tps:,.0f} tok/s", step_ms=f"{(tn - t1) / (new - 1) * 1e3:.2f}",
+                         same=_same(toks, ref, ref_logits)))
+    dec = decoder(setup, ours, None, dc, True, "lookup")
+    for mode in ("target-only", "lookup"):
+        spec = mode != "target-only"
+        decode(dec, [p], new, spec)
+        ms, steps, tokens, _, outs = min((decode(dec, [p], new, spec) for _ in range(2)), key=lambda r: r[0])
+        rows.append(dict(check="hf", model=f"{size} specexport", dtype=dtype, graphs="on", mode=mode, B=1,
+                         result=f"{tokens / ms * 1e3:,.0f} tok/s", per_step=f"{tokens / steps:.2f}",
+                         step_ms=f"{ms / steps:.2f}", same=_same(outs[0], ref, ref_logits)))
+    return rows
+
+
+def _same(toks: list[int], ref: list[int], ref_logits: list[torch.Tensor]) -> str:
+    """'=' when equal to transformers' tokens, else the first position where they differ and transformers' top-2
+    logit gap there (a tie when it is within the dtype's rounding)."""
+    j = first_divergence(toks, ref)
+    if j is None:
+        return "="
+    top = ref_logits[j].float().topk(2).values if j < len(ref_logits) else None
+    return f"@{j}" if top is None else f"@{j} ({float(top[0] - top[1]):.2g})"
+
+
 def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool):
     """The decode steps of one batch (prefill excluded), timed with CUDA events (wall clock on the CPU)
-    -> (ms, steps, decoded tokens, device ms of graph replays)."""
+    -> (ms, steps, decoded tokens, device ms of graph replays, each row's tokens)."""
     reqs = dec._prepare(ps, new, None, False, (), ignore_eos=True)
     batch = Batch(dec, speculative, dec.config.k)
     batch.admit(list(range(len(reqs))), reqs)
@@ -216,15 +297,15 @@ def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool):
         steps += 1
     ms = clock.stop()
     tokens = sum(len(r.out) - 1 for r in reqs)  # the first token comes from prefill
-    return ms, steps, tokens, sum(g.device_ms for g in graphs) - before
+    return ms, steps, tokens, sum(g.device_ms for g in graphs) - before, [list(r.out) for r in reqs]
 
 
 def _on(graphs: bool) -> str:
     return "on" if graphs else "off"
 
 
-COLUMNS = [("check", 5), ("model", 16), ("dtype", 5), ("graphs", 6), ("mode", 11), ("B", 2), ("result", 22),
-           ("accepted", 8), ("speedup", 7), ("per_step", 8), ("step_ms", 7), ("outside", 7)]
+COLUMNS = [("check", 5), ("model", 17), ("dtype", 5), ("graphs", 6), ("mode", 11), ("B", 2), ("result", 22),
+           ("accepted", 8), ("speedup", 7), ("per_step", 8), ("step_ms", 7), ("outside", 7), ("same", 12)]
 
 
 def table(rows: list[dict]) -> str:
@@ -259,6 +340,8 @@ def run(argv=None) -> tuple[int, list[dict]]:
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU: tiny models, FakeRuntime graphs")
     ap.add_argument("--speed-model", choices=sorted(SPEED), default="8b", help="the speed rows' model (GPU)")
     ap.add_argument("--new", type=int, default=None, help="new tokens per request (default 48 GPU, 12 CPU)")
+    ap.add_argument("--hf", action="store_true", help="also transformers' generate on the same weights (batch 1; "
+                    "needs transformers)")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         print(f"CUDA is not available (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): "
@@ -272,6 +355,9 @@ def run(argv=None) -> tuple[int, list[dict]]:
     rows, ok = exact_rows(setup, new)
     rows += speed_rows(setup, "tiny" if args.cpu else args.speed_model, new if args.cpu else 4 * new,
                        "fp32" if args.cpu else "bf16")
+    if args.hf:
+        rows += hf_rows(setup, "tiny" if args.cpu else args.speed_model, new if args.cpu else 4 * new,
+                        "fp32" if args.cpu else "bf16")
     print(table(rows))
     for line in backend_lines():
         print(line)
