@@ -94,9 +94,9 @@ def _open(path: str, backend: str, options: dict):
     V = m["vocab_size"]
     device = options.get("device", "cpu")
 
-    def _graphs(eng):  # torch and pt2 on CUDA: draft and verify replayed as CUDA graphs unless cuda_graphs=False
+    def _graphs(eng, role):  # torch and pt2 on CUDA: draft and verify replayed as CUDA graphs unless cuda_graphs=False
         if str(device).startswith("cuda") and options.get("cuda_graphs", True):
-            eng.capture_steps()
+            eng.capture_steps(role=role)
         return eng
 
     def engine(role: str, target=None):
@@ -123,7 +123,7 @@ def _open(path: str, backend: str, options: dict):
         if backend == "pt2":
             from .backends.pt2_engine import open_pt2
             shared = shared_tensors(root, entry, target.weights if target is not None else None)
-            return _graphs(open_pt2(root, entry, m, max_batch, ks, device, shared))
+            return _graphs(open_pt2(root, entry, m, max_batch, ks, device, shared), role)
         if backend == "torch":
             from .backends.torch_engine import TorchEngine, load_engine_model
             theirs = None
@@ -134,7 +134,7 @@ def _open(path: str, backend: str, options: dict):
             model = load_engine_model(root, entry, m["dtype"], m["cache_len"], shared).to(device)
             eng = TorchEngine(model, max_batch, m["cache_len"], target_vocab=vocab)
             eng.ks = ks  # the same k values as the engine's other backends
-            return _graphs(eng)
+            return _graphs(eng, role)
         raise SpecExportError(f"backend {backend!r} is not available; choose onnxruntime, torch, torchscript or pt2")
 
     return root, m, config, engine

@@ -35,6 +35,8 @@ class SpeculativeDecoder:
         self.drafter = drafter
         if drafter is not None and hasattr(drafter, "link_kv"):  # a draft of the target's layers reads its cache
             drafter.link_kv(target)
+        if drafter is not None and hasattr(target, "check_draft"):  # e.g. CUDA graphs: one uniform stream each
+            target.check_draft(getattr(drafter, "engine", None))
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.can_sample = True  # False for engines built greedy-only

@@ -14,8 +14,11 @@ from specexport.backends import cuda_graphs as cg
 from specexport.backends.torch_engine import TorchEngine
 from specexport.config import DecoderConfig
 from specexport.drafters import ModelDrafter, PromptLookupDrafter
+from specexport.errors import SpecExportError
 from specexport.models import ModelConfig
 from specexport.models.decoder import random_decoder
+from test_runtime_sampling import (CASES, N as N_SAMPLES, V, chi2_pvalue, exact_distribution, sample,  # noqa: F401
+                                   small)  # (small: a fixture)
 
 CFG = ModelConfig("llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=16)
@@ -34,10 +37,11 @@ def decoder(models, drafter: str, runtime=None, device="cpu", **options) -> Spec
     """Target (+ draft model) engines on `device`; runtime: capture their draft/verify steps with it."""
     target, draft = models if device == "cpu" else (copy.deepcopy(m).to(device) for m in models)
 
-    def engine(model, vocab=None):
+    def engine(model, vocab=None, role="target"):
         eng = TorchEngine(model, DC.max_batch, DC.cache_len, target_vocab=vocab)
-        return eng if runtime is None else eng.capture_steps(runtime(), **options)
-    d = ModelDrafter(engine(draft, CFG.vocab_size), "draft") if drafter == "model" else PromptLookupDrafter(1, 3)
+        return eng if runtime is None else eng.capture_steps(runtime(), role=role, **options)
+    d = ModelDrafter(engine(draft, CFG.vocab_size, "draft"), "draft") if drafter == "model" else \
+        PromptLookupDrafter(1, 3)
     return SpeculativeDecoder(engine(target), d, DC)
 
 
@@ -85,6 +89,56 @@ def test_device_uniforms_advance_between_replays():
     assert len(set(seen)) == 1  # every run read the same static u
 
 
+def test_engine_roles_draw_independent_uniform_streams(models):
+    """Two engines seeded alike draw the same uniforms: the draft's u (which picks its tokens) would be the
+    verify's u (which accepts them). Each role has its own stream, and a pair sharing one is refused."""
+    seeds = {cg.stream_seed(s, r) for s in range(50) for r in cg.STREAMS}
+    assert len(seeds) == 50 * len(cg.STREAMS)
+    dec = decoder(models, "model", lambda: cg.FakeRuntime(device_uniforms=True), seed=4)
+    assert dec.target.graphs.seed != dec.drafter.engine.graphs.seed
+    target, draft = (TorchEngine(m, DC.max_batch, DC.cache_len).capture_steps(cg.FakeRuntime(device_uniforms=True))
+                     for m in models)
+    with pytest.raises(SpecExportError, match="same uniforms"):
+        SpeculativeDecoder(target, ModelDrafter(draft, "draft"), DC)
+
+
+@pytest.fixture(scope="module")
+def small_engines(small):
+    """test_runtime_sampling's V=8 target and draft as fused decoders (for the chi-square test)."""
+    from specexport.models.loading import load_model
+    return tuple(load_model(small[role], "fp32", SMALL_DC.cache_len).model for role in ("target", "draft"))
+
+
+SMALL_DC = DecoderConfig(k=2, max_seq_len=16, max_batch=100, prefill_chunk=8)
+
+
+def sample_with_device_uniforms(small_engines, runtime, device: str, batch: int, n: int, sp,
+                                shared_stream: bool = False) -> list[tuple]:
+    """n samples, `batch` rows per generate call. shared_stream: both engines draw the target's stream (the
+    seeding before stop 42), captured after the decoder is made so that its check does not refuse them."""
+    target, draft = (copy.deepcopy(m).to(device) for m in small_engines)
+    eng = [TorchEngine(m, SMALL_DC.max_batch, SMALL_DC.cache_len, target_vocab=v) for m, v in ((target, None),
+                                                                                                (draft, V))]
+    def capture():
+        for e, role in zip(eng, ("target", "target" if shared_stream else "draft")):
+            e.capture_steps(runtime(), role=role, seed=3)
+    if not shared_stream:
+        capture()
+    dec = SpeculativeDecoder(eng[0], ModelDrafter(eng[1], "draft"), SMALL_DC)
+    if shared_stream:
+        capture()
+    return sample(dec, sp, n, batch=batch)
+
+
+@pytest.mark.parametrize("sp", CASES[::3], ids=["T1", "T0.9-k5-p0.9"])
+def test_device_uniforms_sample_the_target_distribution(small, small_engines, sp):
+    """Uniforms drawn inside the captured steps (the CUDA path's, here under FakeRuntime with a CPU generator):
+    10,000 speculative samples against the target's enumerated distribution (test_runtime_sampling's chi-square)."""
+    samples = sample_with_device_uniforms(small_engines, lambda: cg.FakeRuntime(device_uniforms=True), "cpu", 100,
+                                          N_SAMPLES, sp)
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
+
+
 def test_check_catches_a_callable_bound_outside_the_static_buffers(models, monkeypatch):
     """The harness is not vacuous: a capture that binds the caller's tensors instead of its static copies fails."""
     monkeypatch.setattr(cg.StepGraph, "_bound", lambda self, inputs: list(inputs))
@@ -111,7 +165,6 @@ def test_buckets():
 
 
 def test_capture_needs_cuda_engine(models):
-    from specexport.errors import SpecExportError
     with pytest.raises(SpecExportError, match="CUDA"):
         TorchEngine(models[0], 2, DC.cache_len).capture_steps()
 
@@ -150,6 +203,26 @@ def test_cuda_sampling_runs_with_device_uniforms(models):
     a = tokens(decoder(models, "model", cg.CudaRuntime, device="cuda", seed=11), sampling=sp)
     b = tokens(decoder(models, "model", cg.CudaRuntime, device="cuda", seed=11), sampling=sp)
     assert a == b and all(len(t) == NEW and all(0 <= x < CFG.vocab_size for x in t) for t in a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 100])
+def test_cuda_device_uniforms_sample_the_target_distribution(small, small_engines, batch):
+    """Real capture, uniforms from the registered device generators: the target's distribution, at batch 1 too
+    (where a draft sharing the target's stream would test each draft token with the u that chose it)."""
+    sp = CASES[0]
+    samples = sample_with_device_uniforms(small_engines, cg.CudaRuntime, "cuda", batch, N_SAMPLES, sp)
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
+
+
+@pytest.mark.gpu
+def test_cuda_shared_uniform_stream_fails_the_chi_square(small, small_engines):
+    """The negative control: a draft drawing the target's stream (same seed; Philox then gives the draft's u and
+    the verify's u at the same flat positions and offsets) is biased at batch 1. Stop 42's H200 run of the same
+    setup: p = 1.4e-5 with 5,000 samples shared, 0.94 with separate streams."""
+    sp = CASES[0]
+    samples = sample_with_device_uniforms(small_engines, cg.CudaRuntime, "cuda", 1, N_SAMPLES, sp, shared_stream=True)
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) < 1e-3
 
 
 @pytest.mark.gpu

@@ -85,9 +85,9 @@ class Setup:
     def runtime(self):
         return FakeRuntime() if self.cpu else CudaRuntime(self.device)
 
-    def engine(self, model, dc: DecoderConfig, graphs: bool, vocab=None) -> TorchEngine:
+    def engine(self, model, dc: DecoderConfig, graphs: bool, vocab=None, role="target") -> TorchEngine:
         eng = TorchEngine(model, dc.max_batch, dc.cache_len, target_vocab=vocab)
-        return eng.capture_steps(self.runtime(), time_replays=True) if graphs else eng
+        return eng.capture_steps(self.runtime(), role=role, time_replays=True) if graphs else eng
 
     def sync(self):
         if not self.cpu:
@@ -118,7 +118,7 @@ class _Wall:
 def decoder(setup: Setup, target, draft, dc: DecoderConfig, graphs: bool, drafter: str) -> SpeculativeDecoder:
     d = None
     if drafter == "model":
-        d = ModelDrafter(setup.engine(draft, dc, graphs, target.cfg.vocab_size), "draft")
+        d = ModelDrafter(setup.engine(draft, dc, graphs, target.cfg.vocab_size, "draft"), "draft")
     elif drafter == "lookup":
         d = PromptLookupDrafter(1, 3)
     return SpeculativeDecoder(setup.engine(target, dc, graphs), d, dc)

@@ -25,6 +25,10 @@ generator's offset instead of repeating the numbers baked in at capture; the hos
 changes the random stream: "the same seed gives the same tokens" then holds per backend and device (the engine's
 `seed`, not each request's), not across backends. The CPU harness keeps the host uniforms by default (the same
 tokens as the eager engine, seed for seed); it can draw device-style uniforms too (a CPU generator).
+Each engine role draws its own stream (`stream_seed`): the draft's u picks its tokens and the target's u accepts
+them, and two generators seeded alike give the same numbers at the same flat positions (Philox: the same offsets
+too, when both graphs advance alike), so at batch 1 a draft token would be tested with the u that chose it.
+SpeculativeDecoder refuses a pair that shares a stream (`check_streams`).
 
 Testing without a GPU: `FakeRuntime` implements the same device interface on CPU: streams are None, capture
 records the callable and runs it once, replay runs it again over the same static buffers and copies the results
@@ -50,6 +54,28 @@ import numpy as np
 import torch
 
 POISON = -7  # what check mode writes over the caller's copies of the inputs after copy-in
+
+
+STREAMS = ("target", "draft")  # one device-uniform stream per engine role
+
+
+def stream_seed(seed: int, role: str) -> int:
+    """The device generator's seed of engine `role` under the engine seed `seed`: distinct for every (seed, role)."""
+    if role not in STREAMS:
+        raise ValueError(f"role {role!r}: choose one of {STREAMS}")
+    return seed * len(STREAMS) + STREAMS.index(role)
+
+
+def check_streams(target: "StepGraphs", draft) -> None:
+    """Both engines draw device uniforms: they must draw independent streams (module docstring, Uniforms).
+    draft: the draft engine's StepGraphs, or anything else (None, another backend's graphs) when it has none."""
+    if target.generator is None or getattr(draft, "generator", None) is None:
+        return
+    if target.seed == draft.seed:
+        from ..errors import SpecExportError
+        raise SpecExportError(f"the target's and the draft's CUDA graphs draw the same uniforms (generator seed "
+                              f"{target.seed}), which would bias sampling: capture the draft with "
+                              "capture_steps(role='draft')")
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -281,18 +307,19 @@ class StepGraph:
 class StepGraphs:
     """An engine's captured steps, keyed by (graph name, batch bucket, None pattern of the optional inputs).
 
-    runtime: CudaRuntime (real graphs) or FakeRuntime (CPU tests); seed: the device generator's (used when
-    the runtime draws uniforms on the device); warmup: eager runs on the side stream before each capture;
-    check: the harness checks (see the module docstring); time_replays: sum the device time of the replays
-    into `device_ms` (CUDA events; wall time under FakeRuntime)."""
+    runtime: CudaRuntime (real graphs) or FakeRuntime (CPU tests); seed, role: the device generator's (used when
+    the runtime draws uniforms on the device; stream_seed); warmup: eager runs on the side stream before each
+    capture; check: the harness checks (see the module docstring); time_replays: sum the device time of the
+    replays into `device_ms` (CUDA events; wall time under FakeRuntime)."""
 
-    def __init__(self, runtime, max_batch: int, seed: int = 0, warmup: int = 2, check: bool = False,
-                 device_uniforms: bool | None = None, time_replays: bool = False):
+    def __init__(self, runtime, max_batch: int, seed: int = 0, role: str = "target", warmup: int = 2,
+                 check: bool = False, device_uniforms: bool | None = None, time_replays: bool = False):
         self.rt = runtime
         self.buckets = batch_buckets(max_batch)
         self.warmup, self.check = warmup, check
         self.device_uniforms = runtime.device_uniforms if device_uniforms is None else device_uniforms
-        self.generator = runtime.generator(seed) if self.device_uniforms else None
+        self.seed = stream_seed(seed, role)
+        self.generator = runtime.generator(self.seed) if self.device_uniforms else None
         self.timer = runtime.timer() if time_replays else None
         self.graphs: dict[tuple, StepGraph] = {}
 

@@ -68,7 +68,8 @@ class TorchEngine:
     def capture_steps(self, runtime=None, **options) -> "TorchEngine":
         """Replay draft and verify as CUDA graphs from now on: one per (graph, batch bucket), captured on first
         use. runtime: cuda_graphs.CudaRuntime on the engine's device by default (FakeRuntime: the CPU harness);
-        options: StepGraphs' (seed, warmup, check, device_uniforms, time_replays)."""
+        options: StepGraphs' (seed, role: 'draft' for a draft model's engine, warmup, check, device_uniforms,
+        time_replays)."""
         from .cuda_graphs import CudaRuntime, StepGraphs
         if runtime is None:
             if self.device.type != "cuda":
@@ -78,6 +79,13 @@ class TorchEngine:
         self._steps = {}  # captured steps are built static (no data-dependent branch on the host)
         self._io: dict[str, tuple[list[str], int]] = {}
         return self
+
+    def check_draft(self, draft) -> None:
+        """SpeculativeDecoder's entry check of its draft model's engine (None: no draft model): captured steps
+        of the two must draw independent device uniforms (cuda_graphs.check_streams)."""
+        if self.graphs is not None:
+            from .cuda_graphs import check_streams
+            check_streams(self.graphs, getattr(draft, "graphs", None))
 
     def _key_pos(self, kv_len: int) -> torch.Tensor:
         """[L]: the cache prefix attention reads (captured steps: all of it, one fixed shape)."""

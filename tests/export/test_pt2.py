@@ -160,9 +160,9 @@ def test_pt2_captured_steps_through_the_cpu_harness(sampling_engine):
     for drafter in ("model", "prompt-lookup"):
         plain, captured = (SpeculativeDecoder.load(sampling_engine, backend="pt2", max_batch=4, drafter=drafter)
                            for _ in range(2))
-        for eng in (captured.target, getattr(captured.drafter, "engine", None)):
+        for eng, role in ((captured.target, "target"), (getattr(captured.drafter, "engine", None), "draft")):
             if eng is not None:
-                eng.capture_steps(FakeRuntime(), check=True)
+                eng.capture_steps(FakeRuntime(), check=True, role=role)
         for sp in (None, sampling):
             want = [o.token_ids for o in plain.generate(prompts, 8, sampling=sp)]
             assert [o.token_ids for o in captured.generate(prompts, 8, sampling=sp)] == want, (drafter, sp)
