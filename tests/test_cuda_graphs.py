@@ -65,7 +65,8 @@ def test_replayed_greedy_equals_eager(models, drafter):
 
 
 def test_sampling_with_host_uniforms_same_tokens_as_eager(models):
-    """The harness keeps the host's uniforms: seed for seed, the eager engine's tokens (both drafters)."""
+    """Host uniforms (the default, CudaRuntime's too): seed for seed, the eager engine's tokens (both drafters)."""
+    assert not cg.CudaRuntime.device_uniforms and not cg.FakeRuntime().device_uniforms
     sp = [SamplingParams(temperature=0.8, top_k=20, seed=s) for s in (3, 4, 5)]
     for drafter in ("prompt-lookup", "model"):
         want = tokens(decoder(models, drafter), sampling=sp)
@@ -121,7 +122,7 @@ def sample_with_device_uniforms(small_engines, runtime, device: str, batch: int,
                                                                                                 (draft, V))]
     def capture():
         for e, role in zip(eng, ("target", "target" if shared_stream else "draft")):
-            e.capture_steps(runtime(), role=role, seed=3)
+            e.capture_steps(runtime(), role=role, seed=3, device_uniforms=True)
     if not shared_stream:
         capture()
     dec = SpeculativeDecoder(eng[0], ModelDrafter(eng[1], "draft"), SMALL_DC)
@@ -200,9 +201,22 @@ def test_cuda_sampling_runs_with_device_uniforms(models):
     """Sampling under real capture draws u on the device: tokens are valid and reproducible for the same
     engine seed (not equal to the host-uniform path's: a different random stream)."""
     sp = SamplingParams(temperature=0.8, top_k=20, seed=3)
-    a = tokens(decoder(models, "model", cg.CudaRuntime, device="cuda", seed=11), sampling=sp)
-    b = tokens(decoder(models, "model", cg.CudaRuntime, device="cuda", seed=11), sampling=sp)
+    a, b = (tokens(decoder(models, "model", cg.CudaRuntime, device="cuda", seed=11, device_uniforms=True), sampling=sp)
+            for _ in range(2))
     assert a == b and all(len(t) == NEW and all(0 <= x < CFG.vocab_size for x in t) for t in a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "model"])
+def test_cuda_graphs_sample_each_requests_own_seed(models, drafter):
+    """By default the replayed steps take the host's uniforms: each request's seed gives the eager CUDA engine's
+    tokens, on every call and in any batch (not run on a GPU yet: written after stop 42's device time)."""
+    sp = [SamplingParams(temperature=0.8, top_k=20, seed=s) for s in (3, 4, 5)]
+    want = tokens(decoder(models, drafter, device="cuda"), sampling=sp)
+    dec = decoder(models, drafter, cg.CudaRuntime, device="cuda")
+    assert dec.target.graphs.generator is None
+    assert tokens(dec, sampling=sp) == want and tokens(dec, sampling=sp) == want
+    assert tokens(dec, PROMPTS[1:2], sampling=sp[1]) == want[1:2]  # alone: the same tokens as in the batch
 
 
 @pytest.mark.gpu
