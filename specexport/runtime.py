@@ -55,8 +55,9 @@ class SpeculativeDecoder:
         from .models import load_model
         config = _decoder_config(options)
         if config.backend != "torch":
-            raise SpecExportError(f"from_pretrained runs the torch backend; for backend={config.backend!r} build an "
-                                  "engine folder (specexport build) and use SpeculativeDecoder.load(folder, backend=...)")
+            raise SpecExportError(f"from_pretrained runs the torch backend; for backend={config.backend!r} build "
+                                  "an engine folder (specexport build) and use SpeculativeDecoder.load(folder, "
+                                  "backend=...)")
         set_threads(config.threads)
         loaded = load_model(target, config.dtype, config.cache_len, role="target")
         V = loaded.config.vocab_size

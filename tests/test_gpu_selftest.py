@@ -55,6 +55,7 @@ def test_hf_rows_match_transformers_on_the_same_weights(selftest):
     """--hf: transformers' generate and this runtime on one random Llama's weights; in fp32 the greedy tokens
     are transformers' own, plain and speculative."""
     rows = selftest.hf_rows(selftest.Setup(True), "tiny", 16, "fp32")
-    assert [(r["model"], r["mode"]) for r in rows] == [("tiny transformers", "plain"), ("tiny transformers", "lookup"),
-                                                       ("tiny specexport", "target-only"), ("tiny specexport", "lookup")]
+    assert [(r["model"], r["mode"]) for r in rows] == [
+        ("tiny transformers", "plain"), ("tiny transformers", "lookup"), ("tiny specexport", "target-only"),
+        ("tiny specexport", "lookup")]
     assert all(r["same"] == "=" for r in rows)

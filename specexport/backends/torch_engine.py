@@ -207,7 +207,8 @@ def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
     tied = model.cfg.tie_word_embeddings and type(model.lm_head) is torch.nn.Linear  # (not a quantized head)
     missing = [n for n in wanted if n not in state and not (n == "lm_head.weight" and tied)]
     if missing:
-        raise SpecExportError(f"{entry['weights']} lacks {len(missing)} weights (e.g. {missing[0]}): rebuild the engine")
+        raise SpecExportError(f"{entry['weights']} lacks {len(missing)} weights (e.g. {missing[0]}): "
+                              "rebuild the engine")
     # assign: the model holds the loaded tensors themselves (a shared tensor stays one tensor)
     model.load_state_dict({n: t for n, t in state.items() if n in wanted}, strict=False, assign=True)
     if tied:
