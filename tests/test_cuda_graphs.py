@@ -96,11 +96,14 @@ def test_engine_roles_draw_independent_uniform_streams(models):
     seeds = {cg.stream_seed(s, r) for s in range(50) for r in cg.STREAMS}
     assert len(seeds) == 50 * len(cg.STREAMS)
     dec = decoder(models, "model", lambda: cg.FakeRuntime(device_uniforms=True), seed=4)
-    assert dec.target.graphs.seed != dec.drafter.engine.graphs.seed
+    assert dec.target.graphs.generator_seed != dec.drafter.engine.graphs.generator_seed
     target, draft = (TorchEngine(m, DC.max_batch, DC.cache_len).capture_steps(cg.FakeRuntime(device_uniforms=True))
                      for m in models)
     with pytest.raises(SpecExportError, match="same uniforms"):
         SpeculativeDecoder(target, ModelDrafter(draft, "draft"), DC)
+
+
+SMALL_DC = DecoderConfig(k=2, max_seq_len=16, max_batch=100, prefill_chunk=8)
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +111,6 @@ def small_engines(small):
     """test_runtime_sampling's V=8 target and draft as fused decoders (for the chi-square test)."""
     from specexport.models.loading import load_model
     return tuple(load_model(small[role], "fp32", SMALL_DC.cache_len).model for role in ("target", "draft"))
-
-
-SMALL_DC = DecoderConfig(k=2, max_seq_len=16, max_batch=100, prefill_chunk=8)
 
 
 def sample_with_device_uniforms(small_engines, runtime, device: str, batch: int, n: int, sp,
@@ -215,6 +215,7 @@ def test_cuda_graphs_sample_each_requests_own_seed(models, drafter):
     want = tokens(decoder(models, drafter, device="cuda"), sampling=sp)
     dec = decoder(models, drafter, cg.CudaRuntime, device="cuda")
     assert dec.target.graphs.generator is None
+    assert drafter != "model" or dec.drafter.engine.graphs.generator is None
     assert tokens(dec, sampling=sp) == want and tokens(dec, sampling=sp) == want
     assert tokens(dec, PROMPTS[1:2], sampling=sp[1]) == want[1:2]  # alone: the same tokens as in the batch
 
@@ -232,8 +233,9 @@ def test_cuda_device_uniforms_sample_the_target_distribution(small, small_engine
 @pytest.mark.gpu
 def test_cuda_shared_uniform_stream_fails_the_chi_square(small, small_engines):
     """The negative control: a draft drawing the target's stream (same seed; Philox then gives the draft's u and
-    the verify's u at the same flat positions and offsets) is biased at batch 1. Stop 42's H200 run of the same
-    setup: p = 1.4e-5 with 5,000 samples shared, 0.94 with separate streams."""
+    the verify's u at the same flat positions and offsets) is biased at batch 1. Stop 42's H200 run of this setup
+    as a script, with 5,000 samples: p = 1.4e-5 shared, 0.94 with separate streams. It depends on both graphs
+    advancing their Philox offsets alike; test_engine_roles_draw_independent_uniform_streams guards the fix."""
     sp = CASES[0]
     samples = sample_with_device_uniforms(small_engines, cg.CudaRuntime, "cuda", 1, N_SAMPLES, sp, shared_stream=True)
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) < 1e-3

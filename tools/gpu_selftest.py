@@ -218,7 +218,8 @@ def hf_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
                                   intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_layers"],
                                   num_attention_heads=c["num_heads"], num_key_value_heads=c["num_kv_heads"],
                                   head_dim=c["head_dim"], rope_theta=c.get("rope_theta", 10000.0),
-                                  tie_word_embeddings=True, max_position_embeddings=2048)
+                                  tie_word_embeddings=True, max_position_embeddings=2048, bos_token_id=None,
+                                  eos_token_id=None)  # no EOS: transformers would mask it, and we don't
     dc = DecoderConfig(k=4, max_seq_len=512, max_batch=1, prefill_chunk=128)
     default = torch.get_default_dtype()
     torch.set_default_dtype(DTYPES[dtype])
@@ -231,7 +232,8 @@ def hf_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
     finally:
         torch.set_default_dtype(default)
     state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight" and "rotary" not in k}
-    ours.load_state_dict(state, strict=False)
+    missing, unexpected = ours.load_state_dict(state, strict=False)
+    assert not unexpected and all(m == "lm_head.weight" or "rope" in m for m in missing), (missing, unexpected)
     ours = ours.eval().requires_grad_(False).fuse()
     ours._set_rope(DTYPES[dtype])
     ours.to(setup.device)
@@ -243,7 +245,7 @@ def hf_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
         for _ in range(3):  # a warm-up, then the best of 2
             setup.sync()
             t = time.perf_counter()
-            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, return_dict_in_generate=True,
+            out = hf.generate(ids, max_new_tokens=n, do_sample=False, return_dict_in_generate=True,
                               output_logits=True, **kw)
             setup.sync()
             best = min(best, time.perf_counter() - t)

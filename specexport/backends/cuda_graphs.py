@@ -73,10 +73,10 @@ def check_streams(target: "StepGraphs", draft) -> None:
     draft: the draft engine's StepGraphs, or anything else (None, another backend's graphs) when it has none."""
     if target.generator is None or getattr(draft, "generator", None) is None:
         return
-    if target.seed == draft.seed:
+    if target.generator_seed == draft.generator_seed:
         from ..errors import SpecExportError
         raise SpecExportError(f"the target's and the draft's CUDA graphs draw the same uniforms (generator seed "
-                              f"{target.seed}), which would bias sampling: capture the draft with "
+                              f"{target.generator_seed}), which would bias sampling: capture the draft with "
                               "capture_steps(role='draft')")
 
 
@@ -320,8 +320,8 @@ class StepGraphs:
         self.buckets = batch_buckets(max_batch)
         self.warmup, self.check = warmup, check
         self.device_uniforms = runtime.device_uniforms if device_uniforms is None else device_uniforms
-        self.seed = stream_seed(seed, role)
-        self.generator = runtime.generator(self.seed) if self.device_uniforms else None
+        self.generator_seed = stream_seed(seed, role)
+        self.generator = runtime.generator(self.generator_seed) if self.device_uniforms else None
         self.timer = runtime.timer() if time_replays else None
         self.graphs: dict[tuple, StepGraph] = {}
 
