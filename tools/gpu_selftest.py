@@ -276,10 +276,10 @@ def _same(toks: list[int], ref: list[int], ref_logits: list[torch.Tensor]) -> st
     """'=' when equal to transformers' tokens, else the first position where they differ and transformers' top-2
     logit gap there (a tie when it is within the dtype's rounding)."""
     j = first_divergence(toks, ref)
-    if j is None:
-        return "="
-    top = ref_logits[j].float().topk(2).values if j < len(ref_logits) else None
-    return f"@{j}" if top is None else f"@{j} ({float(top[0] - top[1]):.2g})"
+    if j is None or j >= len(ref_logits):
+        return "=" if j is None else f"@{j}"
+    top = ref_logits[j].float().topk(2).values
+    return f"@{j} ({float(top[0] - top[1]):.2g})"
 
 
 def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool):
@@ -355,11 +355,10 @@ def run(argv=None) -> tuple[int, list[dict]]:
     where = "CPU dry run (FakeRuntime stands in for CUDA graphs)" if args.cpu else torch.cuda.get_device_name()
     print(f"specexport GPU self-test: {where}; torch {torch.__version__}")
     rows, ok = exact_rows(setup, new)
-    rows += speed_rows(setup, "tiny" if args.cpu else args.speed_model, new if args.cpu else 4 * new,
-                       "fp32" if args.cpu else "bf16")
+    size, speed_new, dtype = ("tiny", new, "fp32") if args.cpu else (args.speed_model, 4 * new, "bf16")
+    rows += speed_rows(setup, size, speed_new, dtype)
     if args.hf:
-        rows += hf_rows(setup, "tiny" if args.cpu else args.speed_model, new if args.cpu else 4 * new,
-                        "fp32" if args.cpu else "bf16")
+        rows += hf_rows(setup, size, speed_new, dtype)
     print(table(rows))
     for line in backend_lines():
         print(line)
