@@ -186,14 +186,19 @@ def test_cuda_graphs_greedy_equals_eager_cuda(models, drafter):
 
 @pytest.mark.gpu
 def test_cuda_generator_advances_between_replays():
+    """Device uniforms (asked for): a new draw on every replay. Host uniforms (the default): the host's u."""
     def step(u, *kv):
         return (u * 1.0, *kv)
-    graphs = cg.StepGraphs(cg.CudaRuntime("cuda"), max_batch=2, seed=7)
     kv = [torch.zeros(2, 1, 4, 2, device="cuda")]
-    host_u = torch.zeros(2, 3)
-    a = graphs.run("g", ["u"], step, [host_u], lambda Bb: [t[:Bb] for t in kv], 1)[0].copy()
-    b = graphs.run("g", ["u"], step, [host_u], lambda Bb: [t[:Bb] for t in kv], 1)[0].copy()
+    host_u = torch.full((2, 3), 0.25)
+    runs = {}
+    for device_uniforms in (True, False):
+        graphs = cg.StepGraphs(cg.CudaRuntime("cuda"), max_batch=2, seed=7, device_uniforms=device_uniforms)
+        runs[device_uniforms] = [graphs.run("g", ["u"], step, [host_u], lambda Bb: [t[:Bb] for t in kv], 1)[0].copy()
+                                 for _ in range(2)]
+    a, b = runs[True]
     assert not np.array_equal(a, b) and (a >= 0).all() and (a < 1).all()
+    assert all(np.array_equal(u, host_u.numpy()) for u in runs[False])
 
 
 @pytest.mark.gpu
