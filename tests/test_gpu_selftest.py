@@ -59,3 +59,15 @@ def test_hf_rows_match_transformers_on_the_same_weights(selftest):
         ("tiny transformers", "plain"), ("tiny transformers", "lookup"), ("tiny specexport", "target-only"),
         ("tiny specexport", "lookup")]
     assert all(r["same"] == "=" for r in rows)
+
+
+def test_gguf_rows_match_transformers_on_the_real_model(selftest, smollm2_path, tmp_path):
+    """--gguf: a trained model's GGUF through this runtime (FakeRuntime graphs here) against transformers over the
+    same file, fp32: greedy tokens equal, target-only and prompt lookup."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "chat-1", "category": "chat", "prompt": "Say hello, then count to five."}\n')
+    rows, ok = selftest.gguf_rows(selftest.Setup(True), smollm2_path, str(prompts), 1, 6)
+    assert ok and [(r["model"], r["mode"]) for r in rows] == [
+        ("SmolLM2-135M hf", "plain"), ("SmolLM2-135M hf", "lookup"), ("SmolLM2-135M ours", "target-only"),
+        ("SmolLM2-135M ours", "lookup")]
+    assert all(r["same"] == "1/1" for r in rows)

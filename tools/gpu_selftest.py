@@ -3,6 +3,7 @@
 
     python tools/gpu_selftest.py            # on a CUDA machine
     python tools/gpu_selftest.py --hf       # + transformers' generate on the same weights (needs transformers)
+    python tools/gpu_selftest.py --only-gguf --gguf M.gguf   # a trained model against transformers
     python tools/gpu_selftest.py --cpu      # a quick dry run of the same table on the CPU (tiny models only)
 
 It prints one table:
@@ -19,6 +20,9 @@ It prints one table:
   same: rows whose speculative tokens equal target-only's (the lossless check on the speed model).
 - hf (--hf): transformers' generate, plain and prompt lookup, against this runtime with CUDA graphs on one
   random transformers Llama of the speed model's shape, batch 1 (hf_rows).
+- gguf (--gguf PATH): a trained model. The GGUF, dequantized to fp32, through this runtime with CUDA graphs
+  against transformers' generate over the same file, on real prompts (--prompts, --prompts-n; gguf_rows).
+  `--only-gguf` skips the other rows. Needs transformers and gguf.
 Then one line per backend this script does not exercise that is not installed here (onnxruntime-gpu,
 TensorRT). Without CUDA it says so and exits 0. Exit status 1 when an exactness check fails.
 
@@ -272,14 +276,92 @@ def hf_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
     return rows
 
 
+def gguf_rows(setup: Setup, path: str, prompt_file: str, n: int, new: int) -> tuple[list[dict], bool]:
+    """A trained model: a GGUF, dequantized to fp32, through this runtime with CUDA graphs (target-only and prompt
+    lookup, k = 8) against transformers' generate over the same GGUF (fp32, eager; plain and its prompt lookup, 8
+    tokens), batch 1, greedy, the chat template, the first n prompts of prompt_file, `new` tokens each (EOS stops
+    neither: both run greedy past it). Decode tok/s over all prompts: tokens after the first over their time
+    (transformers: t(new) - t(1) per prompt, after one warm-up). same: prompts whose tokens equal transformers'
+    plain ones; a difference fails the check unless transformers' top-2 gap there is a tie (TIE_MARGIN fp32)."""
+    import json
+
+    import transformers
+    from specexport.models.loading import load_model
+    dc = DecoderConfig(k=8, max_seq_len=1024, max_batch=1, prefill_chunk=128)
+    loaded = load_model(path, "fp32", dc.cache_len)
+    model = loaded.model.to(setup.device)
+    dec = SpeculativeDecoder(setup.engine(model, dc, True), PromptLookupDrafter(1, 3), dc, loaded.tokenizer,
+                             loaded.config.eos_token_ids)
+    ps = [json.loads(line) for line in open(prompt_file)]
+    ps = sorted(ps, key=lambda r: int(r["id"].rsplit("-", 1)[1]))  # the first of each category first
+    ps = [dec.encode(r["prompt"], chat=True) for r in ps[:n]]
+    src = Path(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32,
+                                                           local_files_only=True).to(setup.device).eval()
+    hf.generation_config.eos_token_id = None  # run to `new` tokens, as ours does (no min_new_tokens: it masks EOS)
+    hf.generation_config.pad_token_id = 0
+
+    def hf_generate(ids: list[int], m: int, **kw):
+        x = torch.tensor([ids], device=setup.device)
+        setup.sync()
+        t = time.perf_counter()
+        out = hf.generate(x, max_new_tokens=m, do_sample=False, return_dict_in_generate=True, output_logits=True,
+                          **kw)
+        setup.sync()
+        return time.perf_counter() - t, out.sequences[0, len(ids):].tolist(), [v[0] for v in out.logits]
+
+    rows, ok, refs = [], True, []
+    name = src.stem.split(".")[0][:12]
+    for mode, kw in (("plain", {}), ("lookup", dict(prompt_lookup_num_tokens=8))):
+        hf_generate(ps[0], new, **kw)  # warm-up
+        secs, same = 0.0, 0
+        for i, ids in enumerate(ps):
+            t1 = hf_generate(ids, 1, **kw)[0]
+            tn, toks, logits = hf_generate(ids, new, **kw)
+            secs += tn - t1
+            if mode == "plain":
+                refs.append((toks, logits))
+            same += toks == refs[i][0]
+        tps = len(ps) * (new - 1) / secs
+        rows.append(dict(check="gguf", model=f"{name} hf", dtype="fp32", graphs="off", mode=mode, B=1,
+                         result=f"{tps:,.0f} tok/s", step_ms=f"{secs / len(ps) / (new - 1) * 1e3:.2f}",
+                         same=f"{same}/{len(ps)}"))
+    base = None
+    for mode in ("target-only", "lookup"):
+        spec = mode != "target-only"
+        decode(dec, ps[:1], new, spec)  # warm-up (captures the graphs)
+        ms = steps = tokens = device_ms = same = 0
+        for ids, (ref, logits) in zip(ps, refs):
+            m, s, t, d, outs = decode(dec, [ids], new, spec)
+            ms, steps, tokens, device_ms = ms + m, steps + s, tokens + t, device_ms + d
+            j, gap = _divergence(outs[0], ref, logits)
+            same += j is None
+            if j is not None and (gap is None or gap >= TIE_MARGIN["fp32"]):
+                ok = False
+                print(f"gguf {mode}: tokens differ from transformers' at {j} (its top-2 gap {gap:.2g})")
+        tps = tokens / ms * 1e3
+        base = base or tps
+        rows.append(dict(check="gguf", model=f"{name} ours", dtype="fp32", graphs="on", mode=mode, B=1,
+                         result=f"{tps:,.0f} tok/s", speedup=f"{tps / base:.2f}x", per_step=f"{tokens / steps:.2f}",
+                         step_ms=f"{ms / steps:.2f}", outside=f"{max(0.0, 1 - device_ms / ms):.1%}",
+                         same=f"{same}/{len(ps)}"))
+    return rows, ok
+
+
 def _same(toks: list[int], ref: list[int], ref_logits: list[torch.Tensor]) -> str:
     """'=' when equal to transformers' tokens, else the first position where they differ and transformers' top-2
     logit gap there (a tie when it is within the dtype's rounding)."""
+    j, gap = _divergence(toks, ref, ref_logits)
+    return "=" if j is None else f"@{j}" if gap is None else f"@{j} ({gap:.2g})"
+
+
+def _divergence(toks: list[int], ref: list[int], ref_logits: list[torch.Tensor]) -> tuple[int | None, float | None]:
+    """(the first position where toks differ from ref, the reference's top-2 logit gap there) or (None, None)."""
     j = first_divergence(toks, ref)
     if j is None or j >= len(ref_logits):
-        return "=" if j is None else f"@{j}"
+        return j, None
     top = ref_logits[j].float().topk(2).values
-    return f"@{j} ({float(top[0] - top[1]):.2g})"
+    return j, float(top[0] - top[1])
 
 
 def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool):
@@ -344,6 +426,11 @@ def run(argv=None) -> tuple[int, list[dict]]:
     ap.add_argument("--new", type=int, default=None, help="new tokens per request (default 48 GPU, 12 CPU)")
     ap.add_argument("--hf", action="store_true", help="also transformers' generate on the same weights (batch 1; "
                     "needs transformers)")
+    ap.add_argument("--gguf", default=None, metavar="PATH", help="a trained model's GGUF: this runtime against "
+                    "transformers on it (fp32, the prompts of --prompts; needs transformers and gguf)")
+    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "shared/bench/prompts.jsonl"))
+    ap.add_argument("--prompts-n", type=int, default=24, help="--gguf: the first this many prompts")
+    ap.add_argument("--only-gguf", action="store_true", help="--gguf rows alone (no exact and speed rows)")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         print(f"CUDA is not available (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): "
@@ -354,11 +441,16 @@ def run(argv=None) -> tuple[int, list[dict]]:
     t0 = time.perf_counter()
     where = "CPU dry run (FakeRuntime stands in for CUDA graphs)" if args.cpu else torch.cuda.get_device_name()
     print(f"specexport GPU self-test: {where}; torch {torch.__version__}")
-    rows, ok = exact_rows(setup, new)
-    size, speed_new, dtype = ("tiny", new, "fp32") if args.cpu else (args.speed_model, 4 * new, "bf16")
-    rows += speed_rows(setup, size, speed_new, dtype)
-    if args.hf:
-        rows += hf_rows(setup, size, speed_new, dtype)
+    rows, ok = [], True
+    if not args.only_gguf:
+        rows, ok = exact_rows(setup, new)
+        size, speed_new, dtype = ("tiny", new, "fp32") if args.cpu else (args.speed_model, 4 * new, "bf16")
+        rows += speed_rows(setup, size, speed_new, dtype)
+        if args.hf:
+            rows += hf_rows(setup, size, speed_new, dtype)
+    if args.gguf:
+        more, gguf_ok = gguf_rows(setup, args.gguf, args.prompts, args.prompts_n, args.new or 128)
+        rows, ok = rows + more, ok and gguf_ok
     print(table(rows))
     for line in backend_lines():
         print(line)
