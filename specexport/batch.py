@@ -241,6 +241,20 @@ class Batch:
         free = free or self.auto.free_drafts
         return self.auto.plan(B, [self.acc[b] for b in rows], 0 if free else self._draft_lag(rows), free)
 
+    def _trim_handover(self, rows, draft_len: np.ndarray, source: list[int], handover: list, passes: int, B: int):
+        """A model step whose chain handed rows over to lookup: verify lookup's rest only as far as it pays
+        (AutoK.handover_width) -> (draft_len, longest, handover), rows cut to the width."""
+        lens = draft_len.tolist()
+        if all(h is None for h in handover):
+            return draft_len, max(lens), handover
+        heads = [h[0] if h is not None else 0 if source[b] else lens[b] for b, h in enumerate(handover)]
+        srcs = [h[1] if h is not None else source[b] for b, h in enumerate(handover)]
+        j = self.auto.handover_width(B, [self.acc[b] for b in rows], [heads[b] for b in rows],
+                                     [lens[b] for b in rows], [srcs[b] for b in rows], passes)
+        draft_len = np.minimum(draft_len, j)
+        return draft_len, int(draft_len.max()), [None if h is None or draft_len[b] <= h[0] else h
+                                                 for b, h in enumerate(handover)]
+
     def _verify_k(self, longest: int, k: int) -> int:
         """The verify width for drafts of at most `longest` tokens: fixed-shape engines take the smallest
         built k that holds them (a prompt-lookup step with 2 proposals runs verify_k2, not verify_k8)."""
@@ -305,6 +319,8 @@ class Batch:
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
             source, model_ran, handover = prop.source or [0] * B, prop.model_ran, prop.handover
             passes = prop.passes if model_ran else 0
+            if self.auto is not None and model_ran and handover is not None and self.auto.trim_handover:
+                draft_len, longest, handover = self._trim_handover(rows, draft_len, source, handover, passes, B)
             if self.auto is not None and prop.ties[1]:
                 self.auto.observe_ties(*prop.ties)
             if self.auto is not None and not model_ran and longest and whole < 0:  # free: choose what to verify

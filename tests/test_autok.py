@@ -584,3 +584,26 @@ def test_near_ties_lower_the_price_of_a_wide_draft():
     assert ctl.draft_cost(8, 1) == pytest.approx(0.38 * ctl.passes(8, 1))
     assert ctl.plan(1, [row]) == 8
     assert AutoK(KS, free_drafts=False, price_ties=False, ties=[10.0, 100.0]).passes(8, 1) == 8.0
+
+
+def test_a_handover_verifies_lookups_rest_only_as_far_as_it_pays():
+    """A model step whose chain handed over to lookup after m model tokens (drafters.HybridDrafter): the passes
+    are spent, and lookup's rest is verified only as far as it pays. Hand-forced: the model at 0.95, c(2, 4, 8)
+    = 1.3, 1.5, 2.2 (COSTS), one pass of 0.3. A handover after 1 model token whose lookup rest is poor (0.2)
+    verifies 2 (the smallest k holding the model's token); a good rest (0.95) is verified whole."""
+    ctl = _ctl(free=False, draft_pass=0.3)
+    forced = {0: 0.95, 2: 0.2}
+    ctl.acceptance = ctl.confident = lambda row, source=0, z=None: forced[source]
+    row = RowState()
+    assert ctl.handover_width(1, [row], [1], [8], [2], passes=1) == 2
+    forced[2] = 0.95
+    assert ctl.handover_width(1, [row], [1], [8], [2], passes=1) == 8
+    assert ctl.handover_width(1, [row], [3], [6], [2], passes=3) == 6  # a rest that fits a k is cut to its length
+    forced[2] = 0.2
+    assert ctl.handover_width(1, [row], [3], [8], [2], passes=3) == 4  # never below the model's tokens
+    # at batch 2, beside a model row without a handover (3 model tokens): the width holds its tokens
+    ctl = _ctl(free=False, draft_pass=0.3, B=2)
+    ctl.acceptance = ctl.confident = lambda row, source=0, z=None: forced[source]
+    assert ctl.handover_width(2, [row, row], [1, 3], [8, 3], [2, 0], passes=3) == 4
+    assert _ctl(free=False).handover_width(1, [row], [1], [8], [2], passes=1) == 8  # no draft cost measured yet
+

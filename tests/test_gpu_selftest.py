@@ -69,5 +69,5 @@ def test_gguf_rows_match_transformers_on_the_real_model(selftest, smollm2_path, 
     rows, ok = selftest.gguf_rows(selftest.Setup(True), smollm2_path, str(prompts), 1, 6)
     assert ok and [(r["model"], r["mode"]) for r in rows] == [
         ("SmolLM2-135M hf", "plain"), ("SmolLM2-135M hf", "lookup"), ("SmolLM2-135M ours", "target-only"),
-        ("SmolLM2-135M ours", "lookup")]
+        ("SmolLM2-135M ours", "lookup"), ("SmolLM2-135M ours", "lookup auto")]
     assert all(r["same"] == "1/1" for r in rows)

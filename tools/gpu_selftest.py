@@ -277,8 +277,8 @@ def hf_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
 
 
 def gguf_rows(setup: Setup, path: str, prompt_file: str, n: int, new: int) -> tuple[list[dict], bool]:
-    """A trained model: a GGUF, dequantized to fp32, through this runtime with CUDA graphs (target-only and prompt
-    lookup, k = 8) against transformers' generate over the same GGUF (fp32, eager; plain and its prompt lookup, 8
+    """A trained model: a GGUF, dequantized to fp32, through this runtime with CUDA graphs (target-only, prompt
+    lookup at k = 8 and at k="auto") against transformers' generate over the same GGUF (fp32, eager; plain and its prompt lookup, 8
     tokens), batch 1, greedy, the chat template, the first n prompts of prompt_file, `new` tokens each (EOS stops
     neither: both run greedy past it). Decode tok/s over all prompts: tokens after the first over their time
     (transformers: t(new) - t(1) per prompt, after one warm-up). same: prompts whose tokens equal transformers'
@@ -327,12 +327,12 @@ def gguf_rows(setup: Setup, path: str, prompt_file: str, n: int, new: int) -> tu
                          result=f"{tps:,.0f} tok/s", step_ms=f"{secs / len(ps) / (new - 1) * 1e3:.2f}",
                          same=f"{same}/{len(ps)}"))
     base = None
-    for mode in ("target-only", "lookup"):
+    for mode, k in (("target-only", None), ("lookup", None), ("lookup auto", "auto")):
         spec = mode != "target-only"
-        decode(dec, ps[:1], new, spec)  # warm-up (captures the graphs)
+        decode(dec, ps[:1], new, spec, k)  # warm-up (captures the graphs; auto: its first costs)
         ms = steps = tokens = device_ms = same = 0
         for ids, (ref, logits) in zip(ps, refs):
-            m, s, t, d, outs = decode(dec, [ids], new, spec)
+            m, s, t, d, outs = decode(dec, [ids], new, spec, k)
             ms, steps, tokens, device_ms = ms + m, steps + s, tokens + t, device_ms + d
             j, gap = _divergence(outs[0], ref, logits)
             same += j is None
@@ -364,11 +364,11 @@ def _divergence(toks: list[int], ref: list[int], ref_logits: list[torch.Tensor])
     return j, float(top[0] - top[1])
 
 
-def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool):
-    """The decode steps of one batch (prefill excluded), timed with CUDA events (wall clock on the CPU)
-    -> (ms, steps, decoded tokens, device ms of graph replays, each row's tokens)."""
+def decode(dec: SpeculativeDecoder, ps, new: int, speculative: bool, k: int | str | None = None):
+    """The decode steps of one batch (prefill excluded) at k (default: the config's), timed with CUDA events
+    (wall clock on the CPU) -> (ms, steps, decoded tokens, device ms of graph replays, each row's tokens)."""
     reqs = dec._prepare(ps, new, None, False, (), ignore_eos=True)
-    batch = Batch(dec, speculative, dec.config.k)
+    batch = Batch(dec, speculative, k or dec.config.k)
     batch.admit(list(range(len(reqs))), reqs)
     engines = [dec.target] + ([dec.drafter.engine] if getattr(dec.drafter, "engine", None) is not None else [])
     graphs = [e.graphs for e in engines if e.graphs is not None]

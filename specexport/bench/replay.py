@@ -141,6 +141,9 @@ class Replay:
                         unused = ld if self.kind == "hybrid" and auto is not None and ld else None
                     ran = True
                 L = len(prop)
+                if auto is not None and ho is not None and auto.trim_handover:  # a handover: how far to verify
+                    L = auto.handover_width(1, [row], [ho[0]], [L], [ho[1]], passes)
+                    prop = prop[:L]
                 if auto is not None and not ran and L and whole < 0:  # free proposals: choose what to verify
                     capped = min(L, auto.cap(row, source))
                     j = auto.width(1, [row], [capped], [source])

@@ -145,6 +145,22 @@ def test_the_hybrids_model_hands_over_to_lookup_and_keeps_the_targets_tokens(qua
     assert [o.token_ids for o in outs] == reference and not any("model+lookup" in o.stats.steps_by for o in outs)
 
 
+
+def test_a_handover_verified_part_way_keeps_the_targets_tokens(quant_engines, reference):
+    """At auto a handover's lookup rest is verified only as far as it pays (AutoK.handover_width, cut here to the
+    model's own tokens on every step): greedy tokens stay the target's, batch 3 and 1."""
+    hybrid = SpeculativeDecoder.load(quant_engines["quant:int8"], min_margin=0)
+    ctl, cut = hybrid.autok(), []
+    ctl.plan = lambda B, rows, missing=0, free=None: 3
+
+    def handover_width(B, rows, heads, lens, sources, passes):
+        cut.append(max(lens) > max(heads))
+        return max(heads)
+    ctl.handover_width = handover_width
+    assert [o.token_ids for o in hybrid.generate(PROMPTS, NEW, k="auto")] == reference
+    assert [o.token_ids for o in hybrid.generate(PROMPTS[1:2], NEW, k="auto")] == reference[1:2]
+    assert any(cut)
+
 def test_a_portable_draft_copies_the_targets_cache(tiny, tmp_path, reference):
     """Portable graphs' draft rewrites the position before the current one, so it keeps its own cache: its prompt
     and its catch-up after target-only steps are the target's keys and values, copied, instead of draft passes."""
