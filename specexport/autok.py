@@ -79,10 +79,11 @@ Rule
     and the plan still prices k passes (a handover only makes the step cheaper than planned). The passes
     then spent, lookup's rest is verified only as far as it pays (`handover_width`, `trim_handover`): the
     built width, holding every row's model tokens, with the most expected tokens over the step's time
-    (passes + c(j)), model tokens at the point estimate and lookup's at its bound. Before, a handover after
+    (passes + c(j)), model tokens at the point estimate and lookup's at its bound; a row's first cut token is
+    shadow-checked. Only one-hot lookup tokens are cut, before the verify: lossless. Before, a handover after
     one model token verified lookup's rest of k whole (c(8) = 1.48 c(0) for about 2 tokens). Replayed (10%
-    cost noise, 4 seeds), the hybrid at auto: +1.8% and +0.5% on the bench and held-out prompts with ks 2, 4,
-    8; +6.4% and +6.8% with k = 16 built too.
+    cost noise, 4 seeds), the hybrid at auto: +1.7% and +0.7% on the bench and held-out prompts with ks 2, 4,
+    8; +5.9% and +7.3% with k = 16 built too.
   Draft model (each drafted token costs a pass): before drafting, k maximises
     sum_b E(a_b, k) / (P(k, B) d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).
@@ -552,7 +553,8 @@ class AutoK:
         with the most expected tokens per second of the whole step, the model's tokens at each row's point
         estimate, lookup's at its bound (`confident` at the width's stake). Without it a handover after one
         model token verified lookup's rest of k whole: a width-8 verify (1.48 target-only steps) for about 2
-        tokens."""
+        tokens. Lossless: only one-hot lookup tokens are cut (never a model token, which may have been sampled),
+        before the verify."""
         d, c0 = self.draft_cost(1, B), self.verify_cost(0, B)
         longest = max(lens)
         if d is None or c0 is None or longest <= max(heads):

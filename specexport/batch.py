@@ -241,19 +241,23 @@ class Batch:
         free = free or self.auto.free_drafts
         return self.auto.plan(B, [self.acc[b] for b in rows], 0 if free else self._draft_lag(rows), free)
 
-    def _trim_handover(self, rows, draft_len: np.ndarray, source: list[int], handover: list, passes: int, B: int):
+    def _trim_handover(self, rows, draft: np.ndarray, draft_len: np.ndarray, source: list[int], handover: list,
+                       passes: int, B: int):
         """A model step whose chain handed rows over to lookup: verify lookup's rest only as far as it pays
-        (AutoK.handover_width) -> (draft_len, longest, handover), rows cut to the width."""
+        (AutoK.handover_width; only one-hot lookup tokens are cut, never the model's) -> (draft_len, longest,
+        handover, cut): rows cut to the width; cut[b] = (row b's first cut token, its lookup source) or None,
+        checked against the target's token if the verify accepts everything before it (a shadow check)."""
         lens = draft_len.tolist()
         if all(h is None for h in handover):
-            return draft_len, max(lens), handover
+            return draft_len, max(lens), handover, None
         heads = [h[0] if h is not None else 0 if source[b] else lens[b] for b, h in enumerate(handover)]
         srcs = [h[1] if h is not None else source[b] for b, h in enumerate(handover)]
         j = self.auto.handover_width(B, [self.acc[b] for b in rows], [heads[b] for b in rows],
                                      [lens[b] for b in rows], [srcs[b] for b in rows], passes)
+        cut = [(int(draft[b, j]), srcs[b]) if lens[b] > j else None for b in range(B)]
         draft_len = np.minimum(draft_len, j)
         return draft_len, int(draft_len.max()), [None if h is None or draft_len[b] <= h[0] else h
-                                                 for b, h in enumerate(handover)]
+                                                 for b, h in enumerate(handover)], cut
 
     def _verify_k(self, longest: int, k: int) -> int:
         """The verify width for drafts of at most `longest` tokens: fixed-shape engines take the smallest
@@ -299,7 +303,7 @@ class Batch:
             catch_up_s = time.perf_counter() - t
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
-        longest, shadow, source, model_ran, unused, passes, handover = 0, None, [0] * B, False, None, 0, None
+        longest, shadow, source, model_ran, unused, passes, handover, cut = 0, None, [0] * B, False, None, 0, None, None
         if k:
             x = DraftInputs(last_two, past_len, past_max + k + 1, self.history[:B], self.lengths[:B], sampling,
                             u[:, :k])
@@ -320,7 +324,8 @@ class Batch:
             source, model_ran, handover = prop.source or [0] * B, prop.model_ran, prop.handover
             passes = prop.passes if model_ran else 0
             if self.auto is not None and model_ran and handover is not None and self.auto.trim_handover:
-                draft_len, longest, handover = self._trim_handover(rows, draft_len, source, handover, passes, B)
+                draft_len, longest, handover, cut = self._trim_handover(rows, draft, draft_len, source, handover,
+                                                                        passes, B)
             if self.auto is not None and prop.ties[1]:
                 self.auto.observe_ties(*prop.ties)
             if self.auto is not None and not model_ran and longest and whole < 0:  # free: choose what to verify
@@ -387,6 +392,9 @@ class Batch:
                 if unused is not None and unused[b]:  # as far as the committed tokens go (a one-hot draft's
                     m = _matched(unused[b], toks)      # token is accepted with P(the target's token = it))
                     self.auto.observe_row(self.acc[b], lk.source[b], m, m < min(len(unused[b]), len(toks)))
+                if cut is not None and cut[b] is not None and n == proposed:  # the first cut lookup token
+                    hit = toks[n] == cut[b][0]
+                    self.auto.observe_row(self.acc[b], cut[b][1], int(hit), not hit)
             taken = r.commit(toks)
             self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
             self.lengths[b] += len(taken)

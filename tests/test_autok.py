@@ -606,4 +606,3 @@ def test_a_handover_verifies_lookups_rest_only_as_far_as_it_pays():
     ctl.acceptance = ctl.confident = lambda row, source=0, z=None: forced[source]
     assert ctl.handover_width(2, [row, row], [1, 3], [8, 3], [2, 0], passes=3) == 4
     assert _ctl(free=False).handover_width(1, [row], [1], [8], [2], passes=1) == 8  # no draft cost measured yet
-

@@ -293,8 +293,8 @@ def gguf_rows(setup: Setup, path: str, prompt_file: str, n: int, new: int) -> tu
     dec = SpeculativeDecoder(setup.engine(model, dc, True), PromptLookupDrafter(1, 3), dc, loaded.tokenizer,
                              loaded.config.eos_token_ids)
     ps = [json.loads(line) for line in open(prompt_file)]
-    ps = sorted(ps, key=lambda r: int(r["id"].rsplit("-", 1)[1]))  # the first of each category first
-    ps = [dec.encode(r["prompt"], chat=True) for r in ps[:n]]
+    ps = sorted(ps, key=lambda r: int(r["id"].rsplit("-", 1)[-1]) if r["id"].rsplit("-", 1)[-1].isdigit() else 0)
+    ps = [dec.encode(r["prompt"], chat=True) for r in ps[:n]]  # (the first of each category first)
     src = Path(path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32,
                                                            local_files_only=True).to(setup.device).eval()
@@ -325,7 +325,7 @@ def gguf_rows(setup: Setup, path: str, prompt_file: str, n: int, new: int) -> tu
         tps = len(ps) * (new - 1) / secs
         rows.append(dict(check="gguf", model=f"{name} hf", dtype="fp32", graphs="off", mode=mode, B=1,
                          result=f"{tps:,.0f} tok/s", step_ms=f"{secs / len(ps) / (new - 1) * 1e3:.2f}",
-                         same=f"{same}/{len(ps)}"))
+                         same="ref" if mode == "plain" else f"{same}/{len(ps)}"))
     base = None
     for mode, k in (("target-only", None), ("lookup", None), ("lookup auto", "auto")):
         spec = mode != "target-only"
@@ -336,9 +336,10 @@ def gguf_rows(setup: Setup, path: str, prompt_file: str, n: int, new: int) -> tu
             ms, steps, tokens, device_ms = ms + m, steps + s, tokens + t, device_ms + d
             j, gap = _divergence(outs[0], ref, logits)
             same += j is None
-            if j is not None and (gap is None or gap >= TIE_MARGIN["fp32"]):
+            if j is not None and (len(outs[0]) != len(ref) or gap is None or gap >= TIE_MARGIN["fp32"]):
                 ok = False
-                print(f"gguf {mode}: tokens differ from transformers' at {j} (its top-2 gap {gap:.2g})")
+                print(f"gguf {mode}: tokens differ from transformers' at {j} ({len(outs[0])} against "
+                      f"{len(ref)} tokens" + ("" if gap is None else f"; its top-2 gap there {gap:.2g}") + ")")
         tps = tokens / ms * 1e3
         base = base or tps
         rows.append(dict(check="gguf", model=f"{name} ours", dtype="fp32", graphs="on", mode=mode, B=1,
@@ -432,6 +433,8 @@ def run(argv=None) -> tuple[int, list[dict]]:
     ap.add_argument("--prompts-n", type=int, default=24, help="--gguf: the first this many prompts")
     ap.add_argument("--only-gguf", action="store_true", help="--gguf rows alone (no exact and speed rows)")
     args = ap.parse_args(argv)
+    if args.only_gguf and not args.gguf:
+        ap.error("--only-gguf needs --gguf PATH (a GGUF file)")
     if not args.cpu and not torch.cuda.is_available():
         print(f"CUDA is not available (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): "
               "nothing to test on a GPU here. `--cpu` runs the same table on the CPU as a dry run.")

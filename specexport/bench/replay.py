@@ -127,7 +127,7 @@ class Replay:
                 free = auto.free_drafts if free is None else free
             else:
                 k, free = policy, use
-            ran, prop, source, passes, ho, ties = False, [], 0, k, None, (0, 0)
+            ran, prop, source, passes, ho, ties, cut = False, [], 0, k, None, (0, 0), None
             if k:
                 if free:
                     prop, source = ld[:k], src
@@ -143,7 +143,8 @@ class Replay:
                 L = len(prop)
                 if auto is not None and ho is not None and auto.trim_handover:  # a handover: how far to verify
                     L = auto.handover_width(1, [row], [ho[0]], [L], [ho[1]], passes)
-                    prop = prop[:L]
+                    cut, prop = ((prop[L], ho[1]) if L < len(prop) else None), prop[:L]
+                    ho = ho if L > ho[0] else None  # (batch.py: cut back to the model's tokens)
                 if auto is not None and not ran and L and whole < 0:  # free proposals: choose what to verify
                     capped = min(L, auto.cap(row, source))
                     j = auto.width(1, [row], [capped], [source])
@@ -162,7 +163,7 @@ class Replay:
                 known = full < len(out) - i  # a match to the end of the recorded tokens: not known to be rejected
                 if L and ho is not None:  # the model's part, then lookup's (batch.py)
                     auto.observe_row(row, 0, min(n, ho[0]), full < ho[0] and known)
-                    if full >= ho[0]:
+                    if n >= ho[0]:
                         auto.observe_row(row, ho[1], n - ho[0], full < L and known)
                 elif L:
                     auto.observe_row(row, source, n, full < L and known)
@@ -173,6 +174,9 @@ class Replay:
                     toks = out[i:i + n + 1]
                     m = matched(unused, toks)
                     auto.observe_row(row, src, m, m < min(len(unused), len(toks)))
+                if cut is not None and n == L and i + n < len(out):  # the first cut lookup token (batch.py)
+                    hit = cut[0] == out[i + n]
+                    auto.observe_row(row, cut[1], int(hit), not hit)
                 auto.observe_costs(1, kd, vt, passes if ran else 0, dt)
                 if ties[1]:
                     auto.observe_ties(*ties)

@@ -145,7 +145,6 @@ def test_the_hybrids_model_hands_over_to_lookup_and_keeps_the_targets_tokens(qua
     assert [o.token_ids for o in outs] == reference and not any("model+lookup" in o.stats.steps_by for o in outs)
 
 
-
 def test_a_handover_verified_part_way_keeps_the_targets_tokens(quant_engines, reference):
     """At auto a handover's lookup rest is verified only as far as it pays (AutoK.handover_width, cut here to the
     model's own tokens on every step): greedy tokens stay the target's, batch 3 and 1."""
@@ -160,6 +159,7 @@ def test_a_handover_verified_part_way_keeps_the_targets_tokens(quant_engines, re
     assert [o.token_ids for o in hybrid.generate(PROMPTS, NEW, k="auto")] == reference
     assert [o.token_ids for o in hybrid.generate(PROMPTS[1:2], NEW, k="auto")] == reference[1:2]
     assert any(cut)
+
 
 def test_a_portable_draft_copies_the_targets_cache(tiny, tmp_path, reference):
     """Portable graphs' draft rewrites the position before the current one, so it keeps its own cache: its prompt
