@@ -74,7 +74,10 @@ VmFlags: rd wr sh mr mw me ms
 
 
 @linux_thp
-def test_new_memory_is_collapsed_and_old_memory_and_caches_are_not():
+def test_new_memory_is_collapsed_and_old_memory_and_caches_are_not(monkeypatch):
+    # the ranges kept small so far belong to caches of earlier tests, since freed: a new mapping may reuse their
+    # addresses (in the full suite this test once advised 0 bytes)
+    monkeypatch.setattr(hugepages, "_SMALL", [])
     size = 16 << 20
     old = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     np.frombuffer(old, np.uint8)[:1] = 1  # one resident page: collapsing it would make 2 MB resident
