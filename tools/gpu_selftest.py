@@ -278,11 +278,12 @@ def hf_rows(setup: Setup, size: str, new: int, dtype: str) -> list[dict]:
 
 def gguf_rows(setup: Setup, path: str, prompt_file: str, n: int, new: int) -> tuple[list[dict], bool]:
     """A trained model: a GGUF, dequantized to fp32, through this runtime with CUDA graphs (target-only, prompt
-    lookup at k = 8 and at k="auto") against transformers' generate over the same GGUF (fp32, eager; plain and its prompt lookup, 8
-    tokens), batch 1, greedy, the chat template, the first n prompts of prompt_file, `new` tokens each (EOS stops
-    neither: both run greedy past it). Decode tok/s over all prompts: tokens after the first over their time
-    (transformers: t(new) - t(1) per prompt, after one warm-up). same: prompts whose tokens equal transformers'
-    plain ones; a difference fails the check unless transformers' top-2 gap there is a tie (TIE_MARGIN fp32)."""
+    lookup at k = 8 and at k="auto") against transformers' generate over the same GGUF (fp32, eager; plain and its
+    prompt lookup, 8 tokens), batch 1, greedy, the chat template, the first n prompts of prompt_file, `new` tokens
+    each (EOS stops neither: both run greedy past it). Decode tok/s over all prompts: tokens after the first over
+    their time (transformers: t(new) - t(1) per prompt, after one warm-up). same: prompts whose tokens equal
+    transformers' plain ones; a difference fails the check unless transformers' top-2 gap there is a tie
+    (TIE_MARGIN fp32)."""
     import json
 
     import transformers
