@@ -74,10 +74,7 @@ VmFlags: rd wr sh mr mw me ms
 
 
 @linux_thp
-def test_new_memory_is_collapsed_and_old_memory_and_caches_are_not(monkeypatch):
-    # the ranges kept small so far belong to caches of earlier tests, since freed: a new mapping may reuse their
-    # addresses (in the full suite this test once advised 0 bytes)
-    monkeypatch.setattr(hugepages, "_SMALL", [])
+def test_new_memory_is_collapsed_and_old_memory_and_caches_are_not():
     size = 16 << 20
     old = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     np.frombuffer(old, np.uint8)[:1] = 1  # one resident page: collapsing it would make 2 MB resident
@@ -107,3 +104,18 @@ def test_engine_caches_stay_on_small_pages(engines):
     assert "nh" in _vma(kv.ctypes.data)["VmFlags"].split()
     ids = dec.generate([5, 6, 7, 8, 9], 12, speculative=False)[0].token_ids
     assert ids == dec.generate([5, 6, 7, 8, 9], 12, k=3)[0].token_ids
+
+
+def test_a_freed_cache_is_no_longer_kept_small():
+    # a cache's range is kept small while its memory lives; once the last array over it goes, a new mapping may
+    # take the same addresses, and it must be free to take 2 MB pages (stop 43: one full-suite run advised 0 bytes)
+    from specexport.backends.ort_engine import zeroed_host
+    n = len(hugepages._SMALL)
+    k, v = zeroed_host([(2, 64, 8), (2, 64, 8)], np.float32)
+    assert len(hugepages._SMALL) == n + 1
+    lo, hi = hugepages._SMALL[-1]
+    assert lo <= k.ctypes.data and v.ctypes.data + v.nbytes <= hi
+    del k
+    assert (lo, hi) in hugepages._SMALL  # v still holds the map
+    del v
+    assert (lo, hi) not in hugepages._SMALL and len(hugepages._SMALL) == n

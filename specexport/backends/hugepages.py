@@ -11,7 +11,7 @@ the int8 draft pass 1.00x, the int4 engine's step 1.01x.
 What is advised: address ranges that no mapping covered before the open and that are now anonymous read-write
 memory; memory that existed before (the heap below its old end, a mapping a new one merged into) is left as it
 was, so a collapse never fills another component's sparse memory. Left on small pages, on purpose:
-- the KV caches (`no_huge`, remembered here for every engine in the process): in 2 MB pages the 4-bit engine's
+- the KV caches (`no_huge`, remembered here while their memory lives): in 2 MB pages the 4-bit engine's
   step ran 0.88-0.92x (measured), and a cache must stay resident only as far as its positions are written;
 - thread stacks (a mapping right above a PROT_NONE guard) and mappings marked MADV_NOHUGEPAGE by anyone.
 Another thread's allocations made during the open are advised too (a hint only: the contents never change).
@@ -29,11 +29,12 @@ import mmap
 import os
 import sys
 import threading
+import weakref
 
 MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_COLLAPSE = 14, 15, 25
 THP = "/sys/kernel/mm/transparent_hugepage"
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a freed cache's finalizer can run (GC) while it is held
 _SMALL: list[tuple[int, int]] = []  # ranges kept on small pages (the KV caches)
 _LIBC = None
 
@@ -101,14 +102,24 @@ def parse_smaps(lines) -> list[tuple[int, int]]:
     return out
 
 
-def no_huge(start: int, length: int) -> None:
-    """Keep [start, start + length) on small pages, whatever the system's THP mode (the KV caches)."""
+def no_huge(start: int, length: int, owner: object = None) -> None:
+    """Keep [start, start + length) on small pages, whatever the system's THP mode (the KV caches). With an
+    owner (the memory map under the range), the range is forgotten when the owner is freed: a later mapping may
+    reuse the addresses, and it must not be kept small for a cache that is gone."""
     page = mmap.PAGESIZE
     lo, hi = start // page * page, -(-(start + length) // page) * page
     with _LOCK:
         _SMALL.append((lo, hi))
+    if owner is not None:
+        weakref.finalize(owner, _forget, (lo, hi))
     if enabled():
         _madvise(lo, hi - lo, MADV_NOHUGEPAGE)
+
+
+def _forget(span: tuple[int, int]) -> None:
+    with _LOCK:
+        if span in _SMALL:
+            _SMALL.remove(span)
 
 
 def collapse_new(before: Maps) -> int:

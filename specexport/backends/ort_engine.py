@@ -98,7 +98,7 @@ def zeroed_host(shapes: list[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarr
     page = mmap.PAGESIZE
     sizes = [-(-int(np.prod(shape)) * np.dtype(dtype).itemsize // page) * page for shape in shapes]
     mm = mmap.mmap(-1, max(sum(sizes), page), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    hugepages.no_huge(np.frombuffer(mm, np.uint8).ctypes.data, len(mm))  # small pages, so that holds (hugepages.py)
+    hugepages.no_huge(np.frombuffer(mm, np.uint8).ctypes.data, len(mm), mm)  # small pages while it lives (hugepages.py)
     out, offset = [], 0
     for shape, size in zip(shapes, sizes):
         out.append(np.frombuffer(mm, dtype, int(np.prod(shape)), offset).reshape(shape))
