@@ -113,8 +113,10 @@ def test_bench_under_load(bench_setup, capsys):
     result = json.loads((out / "load.json").read_text())
     assert [lv["clients"] for lv in result["levels"]] == [1, 2]
     for lv in result["levels"]:
-        assert set(lv["modes"]) == {"target_only", "k=auto", "k=2"}
+        assert set(lv["modes"]) == {"target_only", "target_only_aa", "k=auto", "k=2"}  # with the A/A control
         assert all(c["identical"] and c["tokens_per_s"] > 0 for c in lv["modes"].values())
+        assert lv["modes"]["target_only"]["x_per_rep"] == [1.0]
+        assert set(lv["modes"]["target_only_aa"]["k_steps"]) == {"0"}  # target-only through its own batcher
     assert "| 2 |" in capsys.readouterr().out
 
 

@@ -2,10 +2,13 @@
 
 At each level N, N client threads each submit a request and the next one when it finishes (a closed loop),
 until `requests` mixed prompts (the prompt set in order, repeated if short) are done. Modes: target-only,
-speculative at k="auto" and at each --k value, over one loaded engine; every mode runs at a level before the
-next level, in an order that rotates per repetition, with one warm-up round per level excluded. Throughput is
-generated tokens over the wall time of the level, prefill included (a server's view). Greedy, with the chat
-template where the model has one.
+speculative at k="auto" and at each --k value, over one loaded engine, and an A/A control: target-only again,
+through a batcher of its own, whose ratio to target-only is the run's noise floor (a 2-core VM's load levels move
+by 5-20% between runs, more than the rules under test change them). Every mode runs at a level before the next
+level, in an order that rotates per repetition, with one warm-up round per level excluded. Throughput is
+generated tokens over the wall time of the level, prefill included (a server's view); a mode's ratio to
+target-only is the geometric mean of its ratios within each repetition (`x_per_rep`: those ratios). Greedy,
+with the chat template where the model has one.
 """
 
 from __future__ import annotations
@@ -98,9 +101,9 @@ def run_load(cfg: LoadConfig, log=print) -> dict:
     chat = bool(getattr(dec.tokenizer, "chat_template", None))  # the chat template where the model has one
     rows = read_prompts(cfg.prompts)
     prompts = [r["prompt"] for r in itertools.islice(itertools.cycle(rows), cfg.requests)]
-    modes = ["target_only"] + [f"k={k}" for k in cfg.ks]
-    batchers = {m: ContinuousBatcher(dec, speculative=m != "target_only",
-                                     k=None if m == "target_only" else _k(m)) for m in modes}
+    modes = ["target_only", AA] + [f"k={k}" for k in cfg.ks]
+    batchers = {m: ContinuousBatcher(dec, speculative=m.startswith("k="), k=_k(m) if m.startswith("k=") else None)
+                for m in modes}
     levels = []
     try:
         for n in cfg.clients:
@@ -113,22 +116,26 @@ def run_load(cfg: LoadConfig, log=print) -> dict:
                 for m in order:
                     log(f"[bench] {n} clients, {m}, repetition {rep + 1}/{cfg.reps}")
                     runs[m].append(_run_level(batchers[m], prompts, n, cfg.max_new_tokens, chat))
-            base = geomean([r["tokens_per_s"] for r in runs["target_only"]])
+            base = [r["tokens_per_s"] for r in runs["target_only"]]
             level = {"clients": n, "modes": {}}
             for m in modes:
                 tps = geomean([r["tokens_per_s"] for r in runs[m]])
+                per_rep = [r["tokens_per_s"] / b for r, b in zip(runs[m], base)]
                 k_steps: dict = {}
                 for r in runs[m]:
                     for k, v in r["k_steps"].items():
                         k_steps[k] = k_steps.get(k, 0) + v
                 level["modes"][m] = {
-                    "tokens_per_s": tps, "x_target_only": tps / base if base else 0.0, "k_steps": k_steps,
+                    "tokens_per_s": tps, "x_target_only": geomean(per_rep), "x_per_rep": per_rep, "k_steps": k_steps,
                     "identical": all(r["outputs"] == runs["target_only"][0]["outputs"] for r in runs[m])}
             levels.append(level)
     finally:
         for b in batchers.values():
             b.close()
     return {"config": {**cfg.__dict__}, "levels": levels}
+
+
+AA = "target_only_aa"  # the A/A control: target-only against itself
 
 
 def _k(mode: str) -> int | str:
@@ -143,14 +150,21 @@ def markdown(result: dict) -> str:
              f"{cfg['requests']} mixed prompts per level and mode ({cfg['prompts']}), {cfg['max_new_tokens']} new "
              f"tokens each, greedy; engine {cfg['engine']}"
              f"{' (pre-packed)' if cfg['prepack'] else ''}; {cfg['reps']} repetition(s), modes alternating, warm-up "
-             "excluded. tok/s: generated tokens over the level's wall time (prefill included).", "",
+             "excluded. tok/s: generated tokens over the level's wall time (prefill included); in brackets the "
+             "geometric mean of the ratios to target-only within each repetition, and their range. "
+             f"{AA}: target-only against itself, this run's noise floor.", "",
              "| clients | " + " | ".join(modes) + " | auto steps per k |", "|---|" + "---|" * (len(modes) + 1)]
     for lv in result["levels"]:
-        cells = [f"{c['tokens_per_s']:.1f} ({c['x_target_only']:.2f}x){'' if c['identical'] else ' DIFFERS'}"
-                 for c in lv["modes"].values()]
+        cells = [f"{c['tokens_per_s']:.1f} ({c['x_target_only']:.2f}x{_spread(c)})"
+                 f"{'' if c['identical'] else ' DIFFERS'}" for c in lv["modes"].values()]
         auto = lv["modes"].get("k=auto", {}).get("k_steps", {})
         lines.append(f"| {lv['clients']} | " + " | ".join(cells) + f" | {auto} |")
     return "\n".join(lines) + "\n"
+
+
+def _spread(cell: dict) -> str:
+    r = cell.get("x_per_rep") or []
+    return f", {min(r):.2f}-{max(r):.2f}" if len(r) > 1 else ""
 
 
 def write_load(result: dict, out: str) -> dict:
