@@ -28,7 +28,14 @@ def test_generate_json_and_compare(texty):
     out = json.loads(r.stdout)
     assert len(out["token_ids"]) == 12 and out["text"].startswith("w")
     assert out["identical_to_target_only"] is True and out["speedup"] > 0
+    assert len(out["speedup_per_round"]) == 3  # --compare: 3 alternating rounds, the median quoted
+    assert sorted(out["speedup_per_round"])[1] == out["speedup"]
     assert out["stats"]["k"] == 3 and len(out["stats"]["accept_hist"]) == 4
+    r = run("generate", "--target", texty, "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "6", "--k", "3",
+            "--max-seq-len", "64", "--compare", "1")
+    assert r.returncode == 0 and "tokens identical]" in r.stderr and "rounds" not in r.stderr, r.stderr
+    r = run("generate", "--target", texty, "--prompt", "w1", "--max-seq-len", "64", "--compare", "-1")
+    assert r.returncode == 2 and "--compare takes a number of rounds" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_generate_stream_prints_text_and_stats(texty):
