@@ -205,6 +205,12 @@ class PrepackedWeightsContainer(_Handle):
     def __init__(self):
         self._h = api().new(api().CreatePrepackedWeightsContainer)
 
+    def close(self):  # the packed copies go: give their heap pages back too (glibc keeps freed blocks resident)
+        had = getattr(self, "_h", None)
+        super().close()
+        if had:
+            _trim_heap()
+
 
 class Session(_Handle):
     _release = "ReleaseSession"
