@@ -510,7 +510,9 @@ class _Binding:
 
     def __init__(self, eng: OrtEngine, name: str, B: int, row0: int, graph_id: int):
         ort = eng.ort
-        self.eng, self.name, self.B = eng, name, B
+        # the engine holds its bindings: a weak reference back, so that freeing a decoder frees its sessions and
+        # packed weights at once (a cycle waited for a garbage collection)
+        self.eng, self.name, self.B = weakref.proxy(eng), name, B
         self.sess = eng.session(name)
         self.io = self.sess.io_binding()
         spec = eng.graphs[name]
