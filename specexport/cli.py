@@ -81,7 +81,7 @@ def cmd_generate(a) -> int:
     sp = SamplingParams(a.temperature, a.top_k, a.top_p, a.seed)
     if not a.prompt:
         raise SpecExportError("--prompt is empty: pass the text to continue")
-    if a.compare < 0:
+    if a.compare is not None and a.compare < 1:
         raise SpecExportError(f"--compare takes a number of rounds >= 1 (or none: 3); got {a.compare}")
     t0 = time.perf_counter()
     dec = _decoder(a)
@@ -119,12 +119,13 @@ def cmd_generate(a) -> int:
 
 
 def _compare_rounds(dec, a, kw: dict, ids: list[int], stats, greedy: bool) -> dict:
-    """--compare N: N rounds of a speculative run then a target-only run (the first round's speculative run is
-    the one shown), each round's ratio of decode rates, and their median: one pair of runs on a noisy 2-core
-    machine moves by 20-40% (stop 44: 1.39x-1.94x on the README's prompt)."""
-    spec, base, same = [stats.tokens_per_s], [], True
+    """--compare N: N rounds of a speculative run then a target-only run (without --stream the first round's
+    speculative run is the one shown; a streamed run, which prints as it goes, is not timed), each round's ratio
+    of decode rates, and their median: one pair of runs on a noisy 2-core machine moves by 20-40% (stop 44:
+    1.39x-1.94x on the README's prompt)."""
+    spec, base, same = [] if a.stream else [stats.tokens_per_s], [], True
     for i in range(a.compare):
-        if i:
+        if i or a.stream:
             again = dec.generate(a.prompt, **kw)[0]
             spec.append(again.stats.tokens_per_s)
             same = same and again.token_ids == ids
@@ -406,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--stream", action="store_true", help="print tokens as each step commits them")
     g.add_argument("--json", action="store_true", help="print a machine-readable result")
-    g.add_argument("--compare", type=int, nargs="?", const=3, default=0, metavar="ROUNDS",
+    g.add_argument("--compare", type=int, nargs="?", const=3, default=None, metavar="ROUNDS",
                    help="also run target-only decoding and print the measured speedup: the median over ROUNDS "
                         "(default 3) alternating rounds of a speculative and a target-only run")
     g.set_defaults(func=cmd_generate)

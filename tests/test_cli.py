@@ -34,8 +34,9 @@ def test_generate_json_and_compare(texty):
     r = run("generate", "--target", texty, "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "6", "--k", "3",
             "--max-seq-len", "64", "--compare", "1")
     assert r.returncode == 0 and "tokens identical]" in r.stderr and "rounds" not in r.stderr, r.stderr
-    r = run("generate", "--target", texty, "--prompt", "w1", "--max-seq-len", "64", "--compare", "-1")
-    assert r.returncode == 2 and "--compare takes a number of rounds" in r.stderr and "Traceback" not in r.stderr
+    for bad in ("0", "-1"):
+        r = run("generate", "--target", texty, "--prompt", "w1", "--max-seq-len", "64", "--compare", bad)
+        assert r.returncode == 2 and "--compare takes a number of rounds" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_generate_stream_prints_text_and_stats(texty):

@@ -169,8 +169,10 @@ class OrtEngine:
             theirs = shared_with._weights if shared_with is not None else mmap_safetensors(folder / shared["file"])
             if shared_with is not None and shared_with.capi == self.capi:
                 self._shared_value = shared_with._weight_value
-            else:  # (the same memory: a value over the target's map is not a copy)
-                self._shared_value = lambda name: self._host_value(theirs[name])
+            else:  # (the same memory: a value over the target's map is not a copy; no reference to self: a
+                # cycle would keep the sessions until a garbage collection)
+                make = ort_capi.Value if self.capi else self.ort.OrtValue.ortvalue_from_numpy
+                self._shared_value = lambda name: make(theirs[name])
             self._maps.append(theirs)
         cfg = self.config
         shape = (max_batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
@@ -479,7 +481,7 @@ def _container():
     global _CONTAINER
     with _CONTAINER_LOCK:
         c = _CONTAINER() if _CONTAINER is not None else None
-        if c is None:
+        if c is None or c._h is None:  # (one being released in another thread: its weak reference still answers)
             c = ort_capi.PrepackedWeightsContainer()
             _CONTAINER = weakref.ref(c)
         return c
@@ -573,8 +575,9 @@ class _Binding:
         # on CPU the C++ call directly: the Python wrapper's graph-capture checks cost ~0.1 ms per run (an
         # exception from get_run_config_entry when gpu_graph_id is unset), 1-2% of a small model's step
         c_sess, c_io = getattr(self.sess, "_sess", None), getattr(self.io, "_iobinding", None)
-        self._call = (lambda: c_sess.run_with_iobinding(c_io, self.run_options)) if dev == "cpu" and c_sess \
-            and c_io is not None else (lambda: self.sess.run_with_iobinding(self.io, self.run_options))
+        sess, io, ro = self.sess, self.io, self.run_options  # (locals, not self: no reference cycle)
+        self._call = (lambda: c_sess.run_with_iobinding(c_io, ro)) if dev == "cpu" and c_sess \
+            and c_io is not None else (lambda: sess.run_with_iobinding(io, ro))
         if dev == "cuda":
             self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
             self._bind_once("key_pos", eng.key_pos, value)  # full S: every replay has the same shapes

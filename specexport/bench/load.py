@@ -120,7 +120,7 @@ def run_load(cfg: LoadConfig, log=print) -> dict:
             level = {"clients": n, "modes": {}}
             for m in modes:
                 tps = geomean([r["tokens_per_s"] for r in runs[m]])
-                per_rep = [r["tokens_per_s"] / b for r, b in zip(runs[m], base)]
+                per_rep = [r["tokens_per_s"] / b if b else 0.0 for r, b in zip(runs[m], base)]
                 k_steps: dict = {}
                 for r in runs[m]:
                     for k, v in r["k_steps"].items():
