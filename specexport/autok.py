@@ -44,6 +44,13 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              passes, the fp32 SmolLM2 target's int8 copy stayed at k = 4 where k = 8 with the stop paid more:
              replayed (48 prompts x 6 seeds of 10% cost noise), the model at auto +1.0% and +0.8%, the hybrid
              +0.1% and +0.4%
+  E_t(a, k)  what such a chain promises a row: its draft i exists with probability (1 - t)^(i - 1), so
+             1 + sum_{i=1..k} a^i (1 - t)^(i - 1) (`model_tokens`; a is per drafted token). Priced at P(k, B)
+             passes but promised E(a, k), a wide draft looked cheap: replayed with k = 16 built (fp32 SmolLM2,
+             its int8 copy, t about 0.04; 12 seeds of 10% cost noise), the model alone at auto ran 0.968x and
+             0.939x fixed k = 8 on the bench and held-out prompts, 0.981x and 0.955x with E_t (+1.3%, +1.8%;
+             +0.1% and -0.2% with ks 2, 4, 8). A hybrid's chain that hands rows over to lookup goes on past the
+             model's drafts, so it keeps E(a, k) (with E_t there it replayed 0.5-1.2% slower)
   u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
              prefill chunks, each measured per call (chunks also at admission); for a quantized copy of the
@@ -85,7 +92,7 @@ Rule
     cost noise, 4 seeds), the hybrid at auto: +1.7% and +0.7% on the bench and held-out prompts with ks 2, 4,
     8; +5.9% and +7.3% with k = 16 built too.
   Draft model (each drafted token costs a pass): before drafting, k maximises
-    sum_b E(a_b, k) / (P(k, B) d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
+    sum_b E_t(a_b, k) / (P(k, B) d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).
     A request's first speculative step is at most the probe k (no evidence yet: a cheap probe), the smallest
     built k that could pay if every draft were accepted (without pre-packing a k=2 verify costs two target-only
@@ -255,6 +262,7 @@ class AutoK:
     whole_matches: bool = True  # hybrid: where the model pays, lookup's matches are verified whole (free_width)
     margin: float = 0.05  # model error guard: lookup's tokens over a step's must beat a verify's extra time by
     # this much; a draft model's rate must beat target-only's by this much
+    handover: bool = False  # hybrid: the model's chain may hand a row over to lookup (drafters.HybridDrafter)
     price_ties: bool = True  # a k-token draft is priced at the passes its chain runs given the near-tie rate
     trim_handover: bool = True  # hybrid: a handover's lookup tokens are verified as far as they pay (handover_width)
     tie_decay: float = 0.99  # per draft position checked: about the last 100
@@ -360,6 +368,18 @@ class AutoK:
         go = 1.0 - tie / seen  # a row goes on after a position checked
         return sum(1.0 - (1.0 - go ** i) ** B for i in range(k))
 
+    def model_tokens(self, a: float, k: int) -> float:
+        """Expected committed tokens of one row's k-token chained draft at acceptance a (per drafted token). The
+        chain ends at a near-tie (the margin stop, at rate t per position checked, as `passes` prices it), so
+        draft i exists with probability (1 - t)^(i - 1): 1 + sum_{i=1..k} a^i (1 - t)^(i - 1). E(a, k) where no
+        tie has been seen, with `price_ties` off, or for a chain that hands rows over to lookup (`handover`)."""
+        tie, seen = self.ties
+        if k <= 0 or self.handover or not (self.price_ties and tie > 0 and seen > 0):
+            return expected_tokens(a, k)
+        a = min(max(a, 0.0), 0.999)
+        x = a * (1.0 - tie / seen)
+        return 1.0 + a * (1.0 - x ** k) / (1.0 - x)
+
     def catch_up(self, gap: int, B: int) -> tuple[float, str]:
         """The cheaper way to show a draft model `gap` committed tokens it missed (the largest gap of the batch's
         rows; they catch up together) -> (seconds, "pass" | "chunk"): ceil(gap / 2) draft calls that each
@@ -395,7 +415,7 @@ class AutoK:
         """Expected committed tokens per second of a k-token model draft (its catch-up amortised), at each row's
         point estimate (or `estimate(row)`)."""
         estimate = estimate or self.acceptance
-        return sum(expected_tokens(estimate(r), k) for r in rows) / (
+        return sum(self.model_tokens(estimate(r), k) for r in rows) / (
             self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
 
     # ---- choices -----------------------------------------------------------------------------------------
@@ -472,11 +492,11 @@ class AutoK:
         self.off_steps += 1
         self.off_seconds += c0
         self.interval = self.interval or self.probe_every
-        if all(expected_tokens(1.0, kk) / (self.draft_cost(kk, B) + self.verify_cost(kk, B)) <= 1 / c0
+        if all(self.model_tokens(1.0, kk) / (self.draft_cost(kk, B) + self.verify_cost(kk, B)) <= 1 / c0
                for kk in self.ks):
             return 0  # cannot pay even if every draft were accepted
         cost = self.draft_cost(k, B) + self.verify_cost(k, B)
-        loss = cost + catch_up - c0 * sum(expected_tokens(self.acceptance(r), k) for r in rows) / len(rows)
+        loss = cost + catch_up - c0 * sum(self.model_tokens(self.acceptance(r), k) for r in rows) / len(rows)
         if loss <= 0:  # the point estimate says it pays, only its confidence bound does not yet: more evidence
             return k
         if self.off_steps >= self.interval and loss <= self.explore * self.off_seconds:
@@ -579,7 +599,7 @@ class AutoK:
     def lookup_row_beats_model(self, row: RowState, source: int, n: int, k: int) -> bool:
         """A hybrid step that drafts with the model anyway: does this row's lookup proposal (n tokens) promise
         more committed tokens than the model's k (the step costs the same either way)?"""
-        return expected_tokens(self.confident(row, source), min(n, k)) > expected_tokens(self.acceptance(row), k)
+        return expected_tokens(self.confident(row, source), min(n, k)) > self.model_tokens(self.acceptance(row), k)
 
     # ---- measurements ------------------------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ class Replay:
                 "a model or hybrid replay needs a trace recorded from an engine with a draft model"
 
     def controller(self, **overrides) -> AutoK:
+        overrides.setdefault("handover", self.kind == "hybrid" and self.handover)
         return AutoK(self.ks, free_drafts=self.kind == "lookup", **overrides)
 
     def run(self, prompt: dict, policy, auto: AutoK | None = None, noise=None) -> tuple[float, list[Step]]:
