@@ -129,6 +129,7 @@ def test_the_hybrids_model_hands_over_to_lookup_and_keeps_the_targets_tokens(qua
     the steps that hand over run fewer passes than k."""
     hybrid = SpeculativeDecoder.load(quant_engines["quant:int8"], min_margin=0)  # (the margin stop: its own test)
     assert hybrid.drafter.shares_kv and hybrid.drafter.handover
+    assert hybrid.autok().handover  # auto promises such a chain all k drafts (autok.AutoK.model_tokens)
     passes = []
     propose = hybrid.drafter.model.propose
     hybrid.drafter.model.propose = lambda x, k, *a: passes.append((k, p := propose(x, k, *a))) or p
@@ -140,7 +141,8 @@ def test_the_hybrids_model_hands_over_to_lookup_and_keeps_the_targets_tokens(qua
             assert sum(o.stats.steps_by.get("model+lookup", 0) for o in outs) > 0
     assert any(p.passes < k for k, p in passes)  # a chain that ended early
     off = SpeculativeDecoder.load(quant_engines["quant:int8"], handover=False)
-    assert not off.drafter.handover
+    assert not off.drafter.handover and not off.autok().handover
+    assert not SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="model").autok().handover
     outs = off.generate(PROMPTS, NEW, k=3)
     assert [o.token_ids for o in outs] == reference and not any("model+lookup" in o.stats.steps_by for o in outs)
 
