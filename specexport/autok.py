@@ -50,7 +50,8 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              its int8 copy, t about 0.04; 12 seeds of 10% cost noise), the model alone at auto ran 0.968x and
              0.939x fixed k = 8 on the bench and held-out prompts, 0.981x and 0.955x with E_t (+1.3%, +1.8%;
              +0.1% and -0.2% with ks 2, 4, 8). A hybrid's chain that hands rows over to lookup goes on past the
-             model's drafts, so it keeps E(a, k) (with E_t there it replayed 0.5-1.2% slower)
+             model's drafts, so it keeps E(a, k) (with E_t there it replayed 0.5-1.2% slower); one without
+             the handover (a draft with its own cache) replayed -0.6% to +2.9% with E_t, its lowest prompt up
   u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
              prefill chunks, each measured per call (chunks also at admission); for a quantized copy of the
