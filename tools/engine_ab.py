@@ -6,6 +6,7 @@ per mode, and how often A and B gave the same tokens.
 
     python tools/engine_ab.py engines/bench/q41-b1 engines/bench/other --reps 2 --prompts-n 6
     python tools/engine_ab.py engines/smollm2 engines/smollm2 --b-rows 1    # the exact 2-row step vs 1 row
+    python tools/engine_ab.py engines/smollm2 /tmp/q41-nomins --ignore-eos  # what a term costs (strip_terms.py)
 
 --b-rows N forces B's batch-1 target-only step to N rows (`exact_rows`): 1 on a CPU whose one-row quantized
 linears round differently (backends/row_probe.py) is the inexact step, so its tokens may differ, and the ratio is
@@ -38,9 +39,14 @@ def main() -> None:
     ap.add_argument("--no-prepack", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", default=str(PROMPTS))
+    ap.add_argument("--ignore-eos", action="store_true", help="every run decodes --max-new-tokens (timing an engine "
+                    "whose values are wrong: tools/strip_terms.py)")
     a = ap.parse_args()
     opts = dict(threads=2, max_batch=1, prepack=not a.no_prepack)
     dec = {"A": SpeculativeDecoder.load(a.a, **opts), "B": SpeculativeDecoder.load(a.b, **opts)}
+    if a.ignore_eos:
+        for d in dec.values():
+            d.eos_token_ids = frozenset()
     if a.b_rows:
         dec["B"].target._exact_rows = a.b_rows
     prompts = [json.loads(line) for line in open(a.prompts)]

@@ -16,6 +16,8 @@ within a run as the runtime's sessions do; without spinning the int8 and int4 va
   1.33x, `dq8` 1.26x and 1.24x): that is what a verify at k = 2, 4, 8 costs over a target-only step on the 4-bit
   engines, and what bounds prompt lookup there;
 - FusedMatMul (transB), MatMul over pre-transposed weights and Gemm run within 3% of each other;
+- `q4_1` (stop 45): a GGUF Q4_1 linear as stored, its block minimums' term in several exact forms (README, "GGUF
+  weights as stored"): as built it adds 0.24-0.38x to the kernel's time; no other form was cheaper;
 - `--mlp`: the fused gate/up linear and its Split against two linears (ONNX Runtime GenAI's form): the fused one
   is 1.06-1.08x faster; the Split's large share in ONNX Runtime's profiles is the profiler's own. Stop 41 added the
   MLP as one QMoE node (ONNX Runtime 1.32's CPU kernel, one expert, SwiGLU inside): no faster at one row and
@@ -25,6 +27,7 @@ within a run as the runtime's sessions do; without spinning the int8 and int4 va
     python tools/kernel_bench.py --variants int4:b32,int8:b128 --rows 1,2,3,5,9
     python tools/kernel_bench.py --mlp --variants fp32,int4:b32
     python tools/kernel_bench.py --mlp --variants int8:b64,int4:b32 --rows 1,3,9
+    python tools/kernel_bench.py --variants q4_1:nomin,q4_1,q4_1:nozp,q4_1:indicator,q4_1:einsum --rows 1,2 --reps 40
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from onnx import TensorProto, helper, numpy_helper
 D, F, LAYERS = 576, 1536, 30
 LINEARS = [("qkv", 960, D), ("o", D, D), ("gate_up", 2 * F, D), ("down", D, F)]  # (name, out, in)
 VARIANTS = ("fp32", "fp32:matmul", "fp32:gemm", "int8:b128", "int8:b32", "int4:b32", "dq8")
+Q4_1 = ("q4_1", "q4_1:nomin", "q4_1:nozp", "q4_1:indicator", "q4_1:einsum")  # (not in the default set)
 FCS = (("fc1", 2 * F, D), ("fc2", D, F))  # an MLP's two QMoE weights: gate/up (interleaved) and down (name, out, in)
 
 
@@ -59,7 +63,9 @@ class _Graph:
     def linear(self, x: str, y: str, n: int, k: int) -> None:
         """y [1, T, n] = x [1, T, k] through the variant's kernel."""
         v, w, rng = self.variant, f"w{len(self.inits)}", self.rng
-        if v.startswith(("int8", "int4")):  # MatMulNBits, int8 activations; int8 asymmetric as the drafts are
+        if v.startswith("q4_1"):  # a GGUF Q4_1 linear as stored: 4-bit codes, zero points 0, the minimums' term
+            self.q4_1(x, y, n, k, v.partition(":")[2] or "terms")
+        elif v.startswith(("int8", "int4")):  # MatMulNBits, int8 activations; int8 asymmetric as the drafts are
             bits, block = bits_block(v)
             nb = -(-k // block)
             self.weight(rng.integers(0, 256, size=(n, nb, block * bits // 8), dtype=np.uint8), w + "q")
@@ -92,6 +98,41 @@ class _Graph:
             else:
                 self.weight(weight, w)
                 self.nodes.append(helper.make_node("FusedMatMul", [x, w], [y], domain="com.microsoft", transB=1))
+
+    def q4_1(self, x: str, y: str, n: int, k: int, form: str) -> None:
+        """y = MatMulNBits(x) + blocksum(x) @ mins (models/quant.py), the minimums' term in one of these forms:
+        "terms" (as built: Reshape, ReduceSum, MatMul, Add), "nomin" (none: the kernel alone), "nozp" (as built, no
+        zero-point input), "indicator" (a MatMul by a 0/1 block indicator in place of Reshape and ReduceSum),
+        "einsum" (Reshape, then one Einsum)."""
+        w, rng, nb = f"w{len(self.inits)}", self.rng, k // 32
+        self.weight(rng.integers(0, 256, size=(n, nb, 16), dtype=np.uint8), w + "q")
+        self.weight(rng.random(n * nb, dtype=np.float32) * 0.01, w + "s")
+        ins = [x, w + "q", w + "s"]
+        if form != "nozp":
+            self.weight(np.zeros(n * -(-nb // 2), dtype=np.uint8), w + "z")
+            ins.append(w + "z")
+        out = y if form == "nomin" else y + "nb"
+        self.nodes.append(helper.make_node("MatMulNBits", ins, [out], domain="com.microsoft", K=k, N=n, bits=4,
+                                           block_size=32, accuracy_level=4))
+        if form == "nomin":
+            return
+        self.weight(rng.standard_normal((nb, n), dtype=np.float32) * 0.01, w + "m")
+        shape = numpy_helper.from_array(np.array([1, -1, nb, 32], np.int64), w + "shape")
+        if form == "indicator":
+            self.inits.append(numpy_helper.from_array(np.repeat(np.eye(nb, dtype=np.float32), 32, axis=0), w + "S"))
+            self.nodes.append(helper.make_node("MatMul", [x, w + "S"], [w + "xs"]))
+        elif form == "einsum":
+            self.inits.append(shape)
+            self.nodes += [helper.make_node("Reshape", [x, w + "shape"], [w + "r"]),
+                           helper.make_node("Einsum", [w + "r", w + "m"], [w + "mm"], equation="atbk,bn->atn"),
+                           helper.make_node("Add", [out, w + "mm"], [y])]
+            return
+        else:
+            self.inits += [shape, numpy_helper.from_array(np.array([-1], np.int64), w + "ax")]
+            self.nodes += [helper.make_node("Reshape", [x, w + "shape"], [w + "r"]),
+                           helper.make_node("ReduceSum", [w + "r", w + "ax"], [w + "xs"], keepdims=0)]
+        self.nodes += [helper.make_node("MatMul", [w + "xs", w + "m"], [w + "mm"]),
+                       helper.make_node("Add", [out, w + "mm"], [y])]
 
     def qmoe(self, x: str, y: str) -> None:
         """y = the MLP of x as one QMoE node (one expert; the variant's bits and block, int8 activations)."""
@@ -205,7 +246,7 @@ def timed(sessions: dict, feeds: dict, reps: int, calls: int = 8) -> dict[str, f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)} "
-                    "(intN:bB: MatMulNBits at N bits, blocks of B)")
+                    f"(intN:bB: MatMulNBits at N bits, blocks of B), or {', '.join(Q4_1)}")
     ap.add_argument("--rows", default="1", help="comma-separated row counts M (a verify at k runs k + 1)")
     ap.add_argument("--mlp", action="store_true", help="the MLPs: fused gate/up + Split, two linears, and (quantized "
                     "variants with blocks of 32 or 64) one QMoE node each")
@@ -214,8 +255,9 @@ def main() -> None:
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     for v in variants:
-        if v not in VARIANTS and not (v[:4] in ("int4", "int8") and v[4:6] == ":b" and v[6:].isdigit()):
-            ap.error(f"unknown variant {v!r}: use {', '.join(VARIANTS)}, or int4:bB / int8:bB with a block size B")
+        if v not in VARIANTS + Q4_1 and not (v[:4] in ("int4", "int8") and v[4:6] == ":b" and v[6:].isdigit()):
+            ap.error(f"unknown variant {v!r}: use {', '.join(VARIANTS + Q4_1)}, or int4:bB / int8:bB with a block "
+                     "size B")
     sessions, nbytes = {}, {}
     if a.mlp:
         labels = {"split": "gate/up + Split", "two": "gate, up", "qmoe": "QMoE node"}
