@@ -47,11 +47,12 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
   E_t(a, k)  what such a chain promises a row: its draft i exists with probability (1 - t)^(i - 1), so
              1 + sum_{i=1..k} a^i (1 - t)^(i - 1) (`model_tokens`; a is per drafted token). Priced at P(k, B)
              passes but promised E(a, k), a wide draft looked cheap: replayed with k = 16 built (fp32 SmolLM2,
-             its int8 copy, t about 0.04; 12 seeds of 10% cost noise), the model alone at auto ran 0.968x and
+             its int8 copy, t 0.03-0.04; 12 seeds of 10% cost noise), the model alone at auto ran 0.968x and
              0.939x fixed k = 8 on the bench and held-out prompts, 0.981x and 0.955x with E_t (+1.3%, +1.8%;
              +0.1% and -0.2% with ks 2, 4, 8). A hybrid's chain that hands rows over to lookup goes on past the
-             model's drafts, so it keeps E(a, k) (with E_t there it replayed 0.5-1.2% slower); one without
-             the handover (a draft with its own cache) replayed -0.6% to +2.9% with E_t, its lowest prompt up
+             model's drafts where a row finds a match: it keeps E(a, k) (with E_t it replayed 0.5-1.2% slower).
+             A hybrid chain without the handover (`handover=False`, or a fused draft model with a cache of its
+             own) replayed -0.6% to +2.9% with E_t, its lowest prompt up on all four traces
   u(g, B)    the catch-up of a draft model g committed tokens behind (the batch's largest gap: rows catch up
              together), by the cheaper of ceil(g / 2) draft calls that rewrite two tokens each and ceil(g / C)
              prefill chunks, each measured per call (chunks also at admission); for a quantized copy of the

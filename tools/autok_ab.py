@@ -48,12 +48,6 @@ def main() -> None:
     a = ap.parse_args()
     opts = ab_prompts.load_opts(a)
     default, changed = SpeculativeDecoder.load(a.engine, **opts), SpeculativeDecoder.load(a.engine, **opts)
-    ctl = changed.autok()
-    for s in a.set:
-        key, _, val = s.partition("=")
-        if not hasattr(ctl, key):
-            sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
-        setattr(ctl, key, _value(val))
     for s in a.drafter_set:
         path, _, val = s.partition("=")
         *parents, key = path.split(".")
@@ -63,6 +57,12 @@ def main() -> None:
         if obj is None or not hasattr(obj, key) or callable(getattr(obj, key)):
             sys.exit(f"error: the decoder's drafter has no field {path!r}; see specexport/drafters.py")
         setattr(obj, key, _value(val))
+    ctl = changed.autok()  # (after the drafter's fields: AutoK reads some of them, e.g. its handover)
+    for s in a.set:
+        key, _, val = s.partition("=")
+        if not hasattr(ctl, key):
+            sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
+        setattr(ctl, key, _value(val))
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up((default, changed), prompts)
     modes = [("default", default, dict(k="auto")), ("changed", changed, dict(k="auto"))]

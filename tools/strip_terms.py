@@ -31,9 +31,9 @@ from specexport.manifest import write_manifest  # noqa: E402
 def cut_mins(graph: onnx.GraphProto) -> int:
     """Every Add(MatMulNBits(x), MatMul(.., *.mins)) becomes its MatMulNBits output; dead nodes go."""
     made = {o: n for n in graph.node for o in n.output}
-    alias = {}
+    alias, outputs = {}, {o.name for o in graph.output}
     for n in graph.node:
-        if n.op_type == "Add" and len(n.input) == 2:
+        if n.op_type == "Add" and len(n.input) == 2 and n.output[0] not in outputs:
             a, b = (made.get(i) for i in n.input)
             if a is not None and b is not None and a.op_type == "MatMulNBits" and b.op_type == "MatMul" \
                     and any(i.endswith(".mins") for i in b.input):
@@ -66,7 +66,9 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--cut", choices=("mins", "zero-points"), action="append", required=True)
     a = ap.parse_args()
-    src, dst = Path(a.engine), Path(a.out)
+    src, dst = Path(a.engine).resolve(), Path(a.out).resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        sys.exit(f"error: the copy must go outside {src}: give another folder")
     if (dst / "manifest.json").exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.onnx", "*.safetensors"))
@@ -74,7 +76,10 @@ def main() -> None:
     for f in sorted(src.rglob("*")):
         rel = f.relative_to(src)
         if f.suffix == ".safetensors":
-            os.link(f, dst / rel)  # (ONNX Runtime reads external data only from the graph's own folder)
+            try:  # (ONNX Runtime reads external data only from the graph's own folder)
+                os.link(f, dst / rel)
+            except OSError:  # another file system
+                shutil.copy2(f, dst / rel)
         elif f.suffix == ".onnx":
             m = onnx.load(str(f), load_external_data=False)
             if "mins" in counts:
