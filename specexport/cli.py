@@ -293,10 +293,15 @@ def cmd_load(a, prompts: str) -> int:
                               f"auto,4); got {a.clients!r} and {a.load_k!r}") from None
     if not clients or min(clients) < 1:
         raise SpecExportError(f"--clients takes client counts >= 1, e.g. 1,4,16; got {a.clients!r}")
+    if a.requests is not None and a.requests < 1:
+        raise SpecExportError(f"--requests takes a count >= 1 (requests per level and mode); got {a.requests}")
+    # a level's tail (fewer requests left than clients) weighs on its rate: with 32 requests for 16 clients the A/A
+    # control read 0.95x and 1.11x in two runs, with 96 1.04x (README, "Benchmark")
+    requests = a.requests or max(32, 6 * max(clients))
     if not a.engine or len(a.engine) != 1:
         raise SpecExportError("--clients measures one engine: pass --engine DIR (built with --max-batch >= the "
                               "largest client count)")
-    cfg = LoadConfig(prompts=prompts, engine=a.engine[0], clients=clients, requests=a.requests,
+    cfg = LoadConfig(prompts=prompts, engine=a.engine[0], clients=clients, requests=requests,
                      max_new_tokens=a.max_new_tokens, ks=ks, reps=a.reps, prepack=not a.no_prepack, threads=a.threads)
     write_load(run_load(cfg, log=lambda s: print(s, file=sys.stderr)), a.out)
     return 0
@@ -433,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--reps", type=int, default=1, help="runs of every mode per prompt (pooled; --clients: per level)")
     bn.add_argument("--clients", default=None, help="throughput under load instead: concurrent clients per level "
                                                     "(e.g. 1,4,16) over the continuous batcher, one --engine")
-    bn.add_argument("--requests", type=int, default=32, help="--clients: requests per level and mode")
+    bn.add_argument("--requests", type=int, help="--clients: requests per level and mode (default: 6 per client of "
+                    "the largest level, at least 32)")
     bn.add_argument("--load-k", default=None, help="--clients: speculative modes besides target-only (default auto,4)")
     bn.add_argument("--no-prepack", action="store_true", help="onnxruntime without weight pre-packing")
     bn.add_argument("--backends", default=None, help="also time the first engine on these backends (e.g. pt2,torch: "

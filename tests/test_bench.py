@@ -118,6 +118,9 @@ def test_bench_under_load(bench_setup, capsys):
         assert lv["modes"]["target_only"]["x_per_rep"] == [1.0]
         assert set(lv["modes"]["target_only_aa"]["k_steps"]) == {"0"}  # target-only through its own batcher
     assert "| 2 |" in capsys.readouterr().out
+    assert main(["bench", "--clients", "1,2", "--engine", big, "--prompts", str(prompts), "--requests", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--requests takes a count >= 1" in err and "Traceback" not in err
 
 
 def test_bench_input_errors(bench_setup, tmp_path, capsys):
