@@ -293,6 +293,11 @@ class HybridDrafter:
         self.model.prefill(tokens, past_len, kv_len, row0)
 
     @property
+    def hands_over(self) -> bool:
+        """Does the model's chain hand rows over to lookup (on, over the target's cache)? autok.AutoK.handover."""
+        return self.handover and self.model.shares_kv
+
+    @property
     def kv_source(self):
         return self.model.kv_source
 
@@ -317,7 +322,7 @@ class HybridDrafter:
     def model_propose(self, x: DraftInputs, k: int, use: list[bool]) -> Proposal:
         """The model's drafts for the rows not in `use`, which hand over to lookup where they can (class
         docstring) and end where the model is unsure (ModelDrafter.propose)."""
-        if not (self.handover and self.model.shares_kv and k > 1):
+        if not (self.hands_over and k > 1):
             return self.model.propose(x, k, use)
         B = len(use)
         hist = [x.history[b, :x.lengths[b]] for b in range(B)]

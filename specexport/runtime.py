@@ -237,8 +237,7 @@ class SpeculativeDecoder:
                                 row_by_row=getattr(self.target, "row_by_row", False), chunk=self.config.prefill_chunk,
                                 compute_bound=not str(getattr(self.target, "device", "cpu")).startswith("cuda"),
                                 free_ks=tuple(getattr(self.target, "free_ks", ())),
-                                handover=bool(getattr(self.drafter, "handover", False)  # a chain that hands over
-                                              and getattr(getattr(self.drafter, "model", None), "shares_kv", False)),
+                                handover=getattr(self.drafter, "hands_over", False),
                                 copy_catch_up=getattr(self.drafter, "kv_source", None) is not None
                                 and not getattr(self.drafter, "shares_kv", False))
         return self._autok
