@@ -1,4 +1,4 @@
-"""What the side-by-side tools (free_k1_ab.py, autok_ab.py) share: their prompt and run options, the prompts
+"""What the side-by-side tools (free_k1_ab.py, autok_ab.py, step_ab.py) share: their prompt and run options, the prompts
 (every n-th of the bench's), and the warm-up of every decoder before timing."""
 
 from __future__ import annotations

@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Decoding modes side by side, interleaved step by step: the A/B that resolves a few percent per prompt.
+
+Per-prompt alternation (autok_ab.py, `specexport bench`) runs a whole generation of one mode, then of the
+next; on a shared 2-core VM the machine's speed drifts over seconds, so its A/A control (target-only against
+itself) reads 0.88-0.95 on its worst prompt, and a 0.97 bar per prompt cannot be shown. Here every mode has its
+own decoder over its own copy of the engine, all run the same prompt at once, and the next step always goes to
+the mode that has committed the fewest tokens (ties in an order that rotates per repetition): the modes cover
+the same stretch of wall time, whatever their step sizes, and a slow second hits them all. Each step (one
+`Batch.step`) is timed alone; the first token (prefill) is excluded, as in `GenerationStats.decode_rate`.
+
+Checks (stop 46, 2-core AVX2 host): over the Q4_1 engine, four target-only decoders read 0.986-1.004 of the
+first per prompt (A/A), where per-prompt alternation reads 0.88-0.95 at its worst; turns of 0.3 s in place of
+one step (`--quantum 0.3`) read 0.89-1.06, so the drift that matters is sub-second. Interleaving slows every step
+(a step runs after another engine's; fp32 target-only 40-45 tok/s here against 41-53 alone), but not the ratios:
+the int8 copy at k = 8 over target-only read 1.701, 1.722, 1.739, 1.653 on four prompts, and 1.706, 1.653, 1.732,
+1.730 alternating per prompt (medians of 3). Keep a run to a few modes: with 14 decoders loaded the fp32 step
+fell to 29 tok/s.
+
+Modes: `0` (target-only), `auto`, or a built k, each optionally `:DRAFTER` (hybrid, model, prompt-lookup; an
+engine built with a draft model). The first mode is the baseline; a repeat of it is the A/A control.
+
+    python tools/step_ab.py engines/smollm2 --modes 0,0,auto --reps 2
+    python tools/step_ab.py engines/bench/se-fp32-int8 --modes 0,0,auto:hybrid,2:hybrid,4:hybrid,8:hybrid
+    python tools/step_ab.py engines/bench/se-fp32-int8-b16 --clients 16 --modes 0,0,auto --reps 3
+
+With `--clients N` it measures throughput under load instead: each mode runs a closed loop of N clients (a
+finished request's row takes the next of `--requests` prompts, EOS ignored, as `bench --clients` does) on a
+`Batch` of its own, driven synchronously; a unit of work is the admission of the waiting requests into free rows
+plus one step, and the rate is all committed tokens over all units' time. Per repetition each mode's rate over
+the baseline's; their geometric mean and range are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab_prompts  # noqa: E402
+from specexport.batch import Batch  # noqa: E402
+from specexport.runtime import SpeculativeDecoder  # noqa: E402
+
+
+class Mode:
+    """One decoding mode: its own decoder (engine copy, caches, AutoK) and its runs' measurements."""
+
+    def __init__(self, spec: str, engine: str, opts: dict):
+        k, _, drafter = spec.partition(":")
+        self.label = spec
+        self.speculative = k != "0"
+        self.k = "auto" if k == "auto" else int(k)
+        self.dec = SpeculativeDecoder.load(engine, **(opts | ({"drafter": drafter} if drafter else {})))
+
+    def batch(self) -> Batch:
+        return Batch(self.dec, self.speculative, self.k if self.speculative else 0)
+
+
+class Stream:
+    """One request of one mode, step by step: prefill untimed, then each step timed."""
+
+    def __init__(self, mode: Mode, prompt: str, max_new_tokens: int):
+        self.req = mode.dec._prepare([prompt], max_new_tokens, None, True, ())[0]
+        self.batch = mode.batch()
+        self.batch.admit([0], [self.req])  # prefill and the first token: not decode time
+        self.seconds = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return len(self.req.out)
+
+    @property
+    def done(self) -> bool:
+        return not self.batch.rows()
+
+    def advance(self) -> None:
+        t0 = time.perf_counter()
+        self.batch.step()
+        self.seconds += time.perf_counter() - t0
+
+    @property
+    def rate(self) -> float:
+        return (self.tokens - 1) / self.seconds if self.seconds > 0 else 0.0
+
+
+class Loop:
+    """A closed loop of `clients` requests in flight over one mode's Batch; admissions count as work."""
+
+    def __init__(self, mode: Mode, prompts: list[str], clients: int, max_new_tokens: int):
+        self.mode, self.clients, self.max_new = mode, clients, max_new_tokens
+        self.waiting = list(prompts)
+        self.batch = mode.batch()
+        self.reqs = []
+        self.seconds = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.out) for r in self.reqs)
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.batch.rows()
+
+    def advance(self) -> None:
+        t0 = time.perf_counter()
+        free = self.batch.free_rows()[:self.clients - len(self.batch.rows())]
+        if free and self.waiting:
+            new = [self.mode.dec._prepare([self.waiting.pop(0)], self.max_new, None, True, (), (), True)[0]
+                   for _ in free[:len(self.waiting)]]
+            self.reqs += new
+            self.batch.admit(free[:len(new)], new)
+        if self.batch.rows():
+            self.batch.step()
+        self.seconds += time.perf_counter() - t0
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def interleave(runs: list, order: list[int], quantum: float = 0.0) -> None:
+    """Give a turn to the run with the fewest committed tokens until all are done (ties: `order`); a turn is
+    one step, or steps until the run has spent `quantum` seconds in it."""
+    rank = {i: n for n, i in enumerate(order)}
+    while True:
+        live = [i for i in range(len(runs)) if not runs[i].done]
+        if not live:
+            return
+        run = runs[min(live, key=lambda i: (runs[i].tokens, rank[i]))]
+        start = run.seconds
+        run.advance()
+        while quantum and run.seconds - start < quantum and not run.done:
+            run.advance()
+
+
+def _gm(xs) -> float:
+    return float(np.exp(np.mean(np.log(xs)))) if len(xs) else float("nan")
+
+
+def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
+    res = {}  # prompt id -> {"cat", "same", label -> [ratios]}
+    for rep in range(a.reps):
+        for n, p in enumerate(prompts):
+            order = list(np.roll(np.arange(len(modes)), rep + n))
+            runs = [Stream(m, p["prompt"], a.max_new_tokens) for m in modes]
+            interleave(runs, order, a.quantum)
+            r = res.setdefault(p["id"], {"cat": p.get("category", ""), "same": True} | {m.label: [] for m in modes[1:]})
+            for m, run in zip(modes[1:], runs[1:]):
+                r[m.label].append(run.rate / runs[0].rate)
+                r["same"] &= run.req.out == runs[0].req.out
+            print(f"{p['id']:>14} rep {rep}: " + "  ".join(
+                f"{m.label} {run.rate / runs[0].rate:.3f}" for m, run in zip(modes[1:], runs[1:]))
+                + f"  (baseline {runs[0].rate:.1f} tok/s, {runs[0].tokens} tokens)", flush=True)
+    labels = [m.label for m in modes[1:]]
+    print("\nper prompt, median over repetitions, over the baseline (" + modes[0].label + "):")
+    med = {pid: {lab: float(np.median(r[lab])) for lab in labels} for pid, r in res.items()}
+    cats = sorted({r["cat"] for r in res.values()})
+    print("| mode | " + " | ".join(cats) + " | all | lowest prompt |")
+    print("|---|" + "---|" * (len(cats) + 2))
+    for lab in labels:
+        cells = [_gm([med[pid][lab] for pid, r in res.items() if r["cat"] == c]) for c in cats]
+        lo = min(med, key=lambda pid: med[pid][lab])
+        print(f"| {lab} | " + " | ".join(f"{x:.3f}" for x in cells)
+              + f" | {_gm([v[lab] for v in med.values()]):.3f} | {med[lo][lab]:.3f} ({lo}) |")
+    for m in modes[1:]:  # auto against the fixed ks of its drafter: per prompt (hindsight) and the best one overall
+        if m.k != "auto":
+            continue
+        fixed = [f.label for f in modes[1:] if f.speculative and isinstance(f.k, int) and f.label.partition(":")[2] == m.label.partition(":")[2]]
+        if fixed:
+            per = _gm([med[pid][m.label] / max(med[pid][f] for f in fixed) for pid in med])
+            best = max(fixed, key=lambda f: _gm([v[f] for v in med.values()]))
+            one = _gm([med[pid][m.label] / med[pid][best] for pid in med])
+            print(f"{m.label} / the best of {', '.join(fixed)}: per prompt {per:.3f}; the best overall ({best}) {one:.3f}")
+    same = sum(r["same"] for r in res.values())
+    print(f"\nevery mode gave the baseline's tokens on {same}/{len(res)} prompts")
+
+
+def under_load(a, modes: list[Mode], prompts: list[dict]) -> None:
+    n = a.requests or max(32, 6 * a.clients)
+    texts = [prompts[i % len(prompts)]["prompt"] for i in range(n)]
+    ratios = {m.label: [] for m in modes[1:]}
+    for m in modes:  # warm-up at this batch size (AutoK's costs per batch bucket), excluded
+        interleave([Loop(m, texts[:2 * a.clients], a.clients, 32)], [0])
+    for rep in range(a.reps):
+        runs = [Loop(m, texts, a.clients, a.max_new_tokens) for m in modes]
+        interleave(runs, list(np.roll(np.arange(len(modes)), rep)), a.quantum)
+        line = []
+        for m, run in zip(modes[1:], runs[1:]):
+            ratios[m.label].append(run.rate / runs[0].rate)
+            same = all(x.out == y.out for x, y in zip(run.reqs, runs[0].reqs))
+            line.append(f"{m.label} {run.rate / runs[0].rate:.3f}{'' if same else ' (tokens differ)'}")
+        print(f"rep {rep}: " + "  ".join(line) + f"  (baseline {runs[0].rate:.1f} tok/s)", flush=True)
+    print(f"\n{a.clients} clients, {n} requests of {a.max_new_tokens} tokens, over the baseline ({modes[0].label}):")
+    for lab, xs in ratios.items():
+        print(f"  {lab}: {_gm(xs):.3f} (range {min(xs):.3f}-{max(xs):.3f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ab_prompts.add_args(ap)
+    ap.add_argument("--modes", default="0,0,auto", help="comma-separated: 0, auto or a built k, each optionally "
+                                                         ":DRAFTER; the first is the baseline")
+    ap.add_argument("--clients", type=int, default=0, help="a closed loop of this many clients (0: one stream)")
+    ap.add_argument("--requests", type=int, default=0, help="requests per mode and repetition under load "
+                                                            "(default: 6 per client, at least 32)")
+    ap.add_argument("--quantum", type=float, default=0.0,
+                    help="a mode's turn lasts at least this many seconds of its steps (0: one step)")
+    a = ap.parse_args()
+    specs = a.modes.split(",")
+    if len(specs) < 2:
+        sys.exit("error: --modes needs a baseline and at least one mode, e.g. --modes 0,0,auto")
+    opts = ab_prompts.load_opts(a) | {"max_batch": max(1, a.clients)}
+    labels = [s if specs[:i].count(s) == 0 else f"{s}#{specs[:i].count(s) + 1}"  # a repeat: its own column
+              for i, s in enumerate(specs)]
+    modes = []
+    for spec, lab in zip(specs, labels):
+        m = Mode(spec, a.engine, opts)
+        m.label = lab
+        modes.append(m)
+    prompts = ab_prompts.read(a)
+    ab_prompts.warm_up([m.dec for m in modes], prompts)
+    (under_load if a.clients else single_stream)(a, modes, prompts)
+
+
+if __name__ == "__main__":
+    main()
