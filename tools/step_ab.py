@@ -34,6 +34,7 @@ the baseline's; their geometric mean and range are printed.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ class Mode:
     def __init__(self, spec: str, engine: str, opts: dict):
         k, _, drafter = spec.partition(":")
         self.label = spec
+        self.k_steps: dict[int, int] = {}  # k run -> steps, over every request of the mode
         self.speculative = k != "0"
         self.k = "auto" if k == "auto" else int(k)
         self.dec = SpeculativeDecoder.load(engine, **(opts | ({"drafter": drafter} if drafter else {})))
@@ -150,6 +152,9 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
             runs = [Stream(m, p["prompt"], a.max_new_tokens) for m in modes]
             interleave(runs, order, a.quantum)
             r = res.setdefault(p["id"], {"cat": p.get("category", ""), "same": True} | {m.label: [] for m in modes[1:]})
+            for m, run in zip(modes, runs):
+                for k, n in run.req.stats.k_steps.items():
+                    m.k_steps[k] = m.k_steps.get(k, 0) + n
             for m, run in zip(modes[1:], runs[1:]):
                 r[m.label].append(run.rate / runs[0].rate)
                 r["same"] &= run.req.out == runs[0].req.out
@@ -167,15 +172,25 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
         lo = min(med, key=lambda pid: med[pid][lab])
         print(f"| {lab} | " + " | ".join(f"{x:.3f}" for x in cells)
               + f" | {_gm([v[lab] for v in med.values()]):.3f} | {med[lo][lab]:.3f} ({lo}) |")
-    for m in modes[1:]:  # auto against the fixed ks of its drafter: per prompt (hindsight) and the best one overall
-        if m.k != "auto":
-            continue
-        fixed = [f.label for f in modes[1:] if f.speculative and isinstance(f.k, int) and f.label.partition(":")[2] == m.label.partition(":")[2]]
-        if fixed:
+    for m in (m for m in modes[1:] if m.k == "auto"):
+        drafter = m.label.partition(":")[2]
+        fixed = [f.label for f in modes[1:] if f.speculative and f.k != "auto" and f.label.partition(":")[2] == drafter]
+        if fixed:  # against the fixed ks of its drafter: per prompt (in hindsight), and the best single k
             per = _gm([med[pid][m.label] / max(med[pid][f] for f in fixed) for pid in med])
             best = max(fixed, key=lambda f: _gm([v[f] for v in med.values()]))
             one = _gm([med[pid][m.label] / med[pid][best] for pid in med])
-            print(f"{m.label} / the best of {', '.join(fixed)}: per prompt {per:.3f}; the best overall ({best}) {one:.3f}")
+            print(f"{m.label} / the best of {', '.join(fixed)}: per prompt {per:.3f}; the best single k ({best}) "
+                  f"{one:.3f}")
+        total = sum(m.k_steps.values())  # verify widths run (a chain cut at a near-tie runs a narrower one)
+        print(f"{m.label} steps by verify width: "
+              + ", ".join(f"{k}: {n / total:.1%}" for k, n in sorted(m.k_steps.items())))
+        ctl = m.dec.autok()
+        c0, d = ctl.verify_cost(0, 1), ctl.draft_cost(1, 1)
+        if c0:  # what auto believes at the end: costs over c(0), the tie rate, acceptance by source
+            tie, seen = ctl.ties
+            print("  c(k)/c(0): " + ", ".join(f"{k}: {ctl.verify_cost(k, 1) / c0:.3f}" for k in ctl.ks)
+                  + (f"; draft pass {d / c0:.3f}" if d else "") + (f"; ties {tie / seen:.3f}" if seen else "")
+                  + "; acceptance " + ", ".join(f"{s}: {ctl.prior(s):.3f}" for s in sorted(ctl.global_acc)))
     same = sum(r["same"] for r in res.values())
     print(f"\nevery mode gave the baseline's tokens on {same}/{len(res)} prompts")
 
@@ -208,6 +223,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=0, help="a closed loop of this many clients (0: one stream)")
     ap.add_argument("--requests", type=int, default=0, help="requests per mode and repetition under load "
                                                             "(default: 6 per client, at least 32)")
+    ap.add_argument("--set", action="append", default=[], metavar="LABEL=FIELD=VALUE",
+                    help="an AutoK field of one mode (its label, e.g. auto#2 for a repeated spec; repeatable)")
     ap.add_argument("--quantum", type=float, default=0.0,
                     help="a mode's turn lasts at least this many seconds of its steps (0: one step)")
     a = ap.parse_args()
@@ -222,6 +239,18 @@ def main() -> None:
         m = Mode(spec, a.engine, opts)
         m.label = lab
         modes.append(m)
+    by_label = {m.label: m for m in modes}
+    for item in a.set:
+        label, _, rest = item.partition("=")
+        key, _, val = rest.partition("=")
+        ctl = by_label[label].dec.autok() if label in by_label else None
+        if ctl is None or not hasattr(ctl, key):
+            sys.exit(f"error: --set {item!r}: give LABEL=FIELD=VALUE with a mode's label ({', '.join(by_label)}) "
+                     "and a field of AutoK (specexport/autok.py)")
+        try:
+            setattr(ctl, key, json.loads(val))
+        except json.JSONDecodeError:
+            setattr(ctl, key, val)
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up([m.dec for m in modes], prompts)
     (under_load if a.clients else single_stream)(a, modes, prompts)
