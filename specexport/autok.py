@@ -123,9 +123,11 @@ Rule
   for good after about one pass over the bench prompts).
   The first sample of each (width, bucket) is set-up heavy: it counts as the lower of itself and the
   estimate until a second sample replaces it (so a width is probed at most twice per bucket, over the
-  decoder's life, not per request). A draft model that has drafted for `refresh` (32) steps runs one
-  target-only step, so that the reference it is compared against is not stale (lookup measures c(0) at
-  every step without a match).
+  decoder's life, not per request). A draft model that has drafted for `refresh` (64) steps runs two
+  target-only steps, so that the reference it is compared against is not stale (lookup measures c(0) at
+  every step without a match). The first pays the graph switch (charged to the step before it, above), so
+  only the second can raise c(0). With one step every 32, c(0) could only fall: over the fp32 SmolLM2
+  target, three decoders on one engine in one run came to price c(8) at 1.55, 1.61 and 2.34 c(0) (stop 46).
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
 mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence is
 thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:
@@ -259,7 +261,10 @@ class AutoK:
     explore: float = 0.02  # share of the time spent off that probes may cost
     probe_every: int = 16  # fewest steps between probes of a draft model (doubles after each failed one)
     amortize: int = 8  # R: steps a catch-up is amortised over
-    refresh: int = 32  # a draft model drafting this long without a target-only step runs one (c(0) stays current)
+    refresh: int = 64  # a draft model drafting this long without a target-only step runs `refresh_steps` of them
+    refresh_steps: int = 2  # the first follows a speculative step (its excess is charged there); the second is a
+    # clean sample of c(0), up or down (with one, c(0) could only fall: a slower machine kept its old, low c(0))
+    refresh_left: int = 0  # target-only steps of the refresh in progress still to run
     chunk: int = 64  # C: the draft model's prefill chunk (a catch-up may run through it)
     whole_matches: bool = True  # hybrid: where the model pays, lookup's matches are verified whole (free_width)
     margin: float = 0.05  # model error guard: lookup's tokens over a step's must beat a verify's extra time by
@@ -455,7 +460,8 @@ class AutoK:
         if best:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
-            if self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
+            if self.refresh_left or self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
+                self.refresh_left = (self.refresh_left or self.refresh_steps) - 1
                 self.refreshing = True  # (a hybrid then runs no lookup step instead: batch.py)
                 return 0  # the reference cost is stale: re-measure it (drafting compares against it)
             return best

@@ -259,7 +259,8 @@ def test_model_draft_everything_matches_settles_on_the_best_k():
     ks = _model_run(ctl, 100, lambda s: True, 0.1)
     best = max(KS, key=lambda k: (k + 1) / (k * 0.1 + COSTS[k]))
     assert ks[0] == min(KS) and set(ks[10:]) == {best, 0}
-    assert ks[10:].count(0) <= 90 // ctl.refresh + 1  # a target-only step every `refresh` steps: c(0) stays current
+    # `refresh_steps` target-only steps every `refresh` steps: c(0) stays current
+    assert ks[10:].count(0) <= ctl.refresh_steps * (90 // ctl.refresh + 1)
 
 
 def test_new_prompts_prefill_the_draft_unless_no_k_can_pay():
@@ -311,6 +312,28 @@ def test_model_draft_does_not_trust_a_stale_reference():
     assert first_off <= ctl.refresh and all(k == 0 for k in ks[first_off + 5:])
 
 
+def test_model_draft_follows_a_machine_that_slows_down():
+    """Every step gets 1.5x slower midway (another tenant, a slower clock): the refresh's second target-only
+    step re-measures c(0) upwards. Its first follows a speculative step, and its excess is charged to that step,
+    so with one refresh step c(0) kept its old, low value and every verify looked 1.5x dearer against it."""
+    for steps, stale in ((2, False), (1, True)):
+        ctl = _ctl(free=False, draft_pass=0.1)
+        ctl.refresh_steps = steps
+        states = [RowState()]
+        ks = []
+        for step in range(3 * ctl.refresh):
+            slow = 1.5 if step >= 10 else 1.0
+            k = ctl.plan(1, states)
+            ks.append(k)
+            ctl.observe_costs(1, k, slow * COSTS[k], k, k * 0.1 * slow)
+            if k:
+                ctl.observe_row(states[0], 0, k, False)
+            ctl.end_step(k, states)
+        assert ks[10:].count(0) <= steps * 3  # the refreshes only: drafting pays throughout
+        c0 = ctl.verify_cost(0, 1)
+        assert c0 == pytest.approx(COSTS[0]) if stale else c0 == pytest.approx(1.5 * COSTS[0])
+
+
 def test_model_draft_follows_acceptance_that_changes_midway():
     ctl = _ctl(free=False, draft_pass=0.1)
     ks = _model_run(ctl, 300, lambda s: s < 40 or s >= 100, 0.1)
@@ -319,7 +342,7 @@ def test_model_draft_follows_acceptance_that_changes_midway():
     back = next(i for i in range(100, 300) if ks[i] > 0)  # the next probe finds drafting pays again
     failed = sum(k > 0 for k in ks[off:100])  # probes while acceptance was 0: each doubled the interval
     assert back - 100 <= ctl.probe_every * 2 ** failed
-    assert ks[back + 4:].count(0) <= len(ks[back + 4:]) // ctl.refresh + 1  # on, bar the refresh steps
+    assert ks[back + 4:].count(0) <= ctl.refresh_steps * (len(ks[back + 4:]) // ctl.refresh + 1)  # on, bar refreshes
 
 
 def test_one_early_rejection_does_not_turn_a_good_draft_off():
@@ -331,7 +354,7 @@ def test_one_early_rejection_does_not_turn_a_good_draft_off():
         _model_run(ctl, 30, lambda s: True, 0.45)
     ks = _model_run(ctl, 60, lambda s: s != 1, 0.45)  # this request: the second step's first draft is rejected
     assert ks[0] == min(KS) and ks[1] > 0
-    assert ks[2:].count(0) <= 58 // ctl.refresh + 1  # still drafting, bar the refresh steps
+    assert ks[2:].count(0) <= ctl.refresh_steps * (58 // ctl.refresh + 1)  # still drafting, bar the refresh steps
 
 
 def test_rejections_do_not_turn_a_draft_off_where_only_a_wide_k_pays():
@@ -345,7 +368,7 @@ def test_rejections_do_not_turn_a_draft_off_where_only_a_wide_k_pays():
     for _ in range(5):  # earlier requests: every draft accepted
         _model_run(ctl, 30, lambda s: True, 0.45, costs=costs)
     ks = _model_run(ctl, 60, lambda s: s not in (1, 3), 0.45, costs=costs)
-    assert ks[4:].count(0) <= 56 // ctl.refresh + 1 and ks[4:].count(8) >= 40
+    assert ks[4:].count(0) <= ctl.refresh_steps * (56 // ctl.refresh + 1) and ks[4:].count(8) >= 40
 
 
 def test_the_first_request_keeps_drafting_while_its_evidence_is_thin():
@@ -354,7 +377,7 @@ def test_the_first_request_keeps_drafting_while_its_evidence_is_thin():
     acceptance pays) and then finds the best k."""
     ctl = _ctl(free=False, draft_pass=0.45)
     ks = _model_run(ctl, 60, lambda s: s != 1, 0.45)
-    assert ks[2] == min(KS) and ks[2:].count(0) <= 58 // ctl.refresh + 1
+    assert ks[2] == min(KS) and ks[2:].count(0) <= ctl.refresh_steps * (58 // ctl.refresh + 1)
     assert max(KS, key=ks.count) > min(KS)  # then it settles above the probe's k
 
 
