@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -100,3 +101,12 @@ def watch_draft_writes(dec) -> dict:
 
     model.propose, eng._run = watched_propose, watched_run
     return checked
+
+
+def load_tool(name: str):
+    """A script of tools/ as a module (tools/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

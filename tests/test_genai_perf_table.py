@@ -1,17 +1,11 @@
 """tools/genai_perf_bench.py's table: with repetitions, each variant's figures are geometric means and each
 repetition's spec / target-only ratio is listed; a run that failed is reported and not counted."""
 
-import importlib.util
-from pathlib import Path
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "genai_perf_bench.py"
+from helpers import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("genai_perf_bench", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("genai_perf_bench")
 
 
 def _row(variant, clients, tps, rep, **extra):

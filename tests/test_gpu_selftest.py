@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_tool
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_selftest.py"
 
 
 @pytest.fixture(scope="module")
 def selftest():
-    spec = importlib.util.spec_from_file_location("gpu_selftest", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("gpu_selftest")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")

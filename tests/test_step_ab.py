@@ -1,16 +1,10 @@
 """tools/step_ab.py: modes interleaved step by step, each over its own copy of the engine (real ONNX Runtime)."""
 
-import importlib.util
-from pathlib import Path
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "step_ab.py"
+from helpers import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("step_ab", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("step_ab")
 
 
 def _modes(tool, engine, specs, max_batch):
