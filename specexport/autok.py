@@ -264,7 +264,8 @@ class AutoK:
     refresh: int = 64  # a draft model drafting this long without a target-only step runs `refresh_steps` of them
     refresh_steps: int = 2  # the first follows a speculative step (its excess is charged there); the second is a
     # clean sample of c(0), up or down (with one, c(0) could only fall: a slower machine kept its old, low c(0))
-    refresh_left: int = 0  # target-only steps of the refresh in progress still to run
+    refresh_left: int = 0  # target-only steps of the refresh in progress still to run (dropped if another step
+    # comes between: a lookup step, drafting off; the next refresh is due `refresh` steps after its first)
     chunk: int = 64  # C: the draft model's prefill chunk (a catch-up may run through it)
     whole_matches: bool = True  # hybrid: where the model pays, lookup's matches are verified whole (free_width)
     margin: float = 0.05  # model error guard: lookup's tokens over a step's must beat a verify's extra time by
@@ -433,7 +434,8 @@ class AutoK:
         free: this step's proposals cost no pass (default: the drafter's kind; a hybrid step where every row
         matched lookup)."""
         self.steps += 1
-        self.refreshing = False
+        left = self.refresh_left if self.refreshing else 0  # a refresh goes on only right after its own steps
+        self.refreshing, self.refresh_left = False, 0
         if self.free_drafts if free is None else free:
             return max(self.ks)
         c0 = self.verify_cost(0, B)
@@ -460,8 +462,8 @@ class AutoK:
         if best:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
-            if self.refresh_left or self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
-                self.refresh_left = (self.refresh_left or self.refresh_steps) - 1
+            if left or self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
+                self.refresh_left = (left or self.refresh_steps) - 1
                 self.refreshing = True  # (a hybrid then runs no lookup step instead: batch.py)
                 return 0  # the reference cost is stale: re-measure it (drafting compares against it)
             return best

@@ -334,6 +334,24 @@ def test_model_draft_follows_a_machine_that_slows_down():
         assert c0 == pytest.approx(COSTS[0]) if stale else c0 == pytest.approx(1.5 * COSTS[0])
 
 
+def test_a_refresh_interrupted_by_a_lookup_step_leaves_nothing_behind():
+    """The refresh's second target-only step runs right after its first, or not at all: a hybrid step where every
+    row matched lookup (free) between them drops it, so a later step (another request's) is not target-only."""
+    ctl = _ctl(free=False, draft_pass=0.1)
+    states = [RowState()]
+    ks = []
+    while not (ks and ks[-1] == 0 and ctl.refreshing) or len(ks) < 5:  # draft until a refresh starts
+        k = ctl.plan(1, states)
+        ks.append(k)
+        ctl.observe_costs(1, k, COSTS[k], k, k * 0.1)
+        if k:
+            ctl.observe_row(states[0], 0, k, False)
+        ctl.end_step(k, states)
+    assert len(ks) <= ctl.refresh + 5 and ctl.refresh_left == ctl.refresh_steps - 1
+    assert ctl.plan(1, states, free=True) == max(KS)  # every row matched lookup
+    assert ctl.plan(1, states) > 0 and not ctl.refreshing  # drafting again: the refresh was dropped
+
+
 def test_model_draft_follows_acceptance_that_changes_midway():
     ctl = _ctl(free=False, draft_pass=0.1)
     ks = _model_run(ctl, 300, lambda s: s < 40 or s >= 100, 0.1)

@@ -34,6 +34,7 @@ the baseline's; their geometric mean and range are printed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -44,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ab_prompts  # noqa: E402
+from specexport.autok import AutoK  # noqa: E402
 from specexport.batch import Batch  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
@@ -53,7 +55,7 @@ class Mode:
 
     def __init__(self, spec: str, engine: str, opts: dict):
         k, _, drafter = spec.partition(":")
-        self.label = spec
+        self.label, self.drafter = spec, drafter  # (the label gains #n when a spec repeats)
         self.k_steps: dict[int, int] = {}  # k run -> steps, over every request of the mode
         self.speculative = k != "0"
         self.k = "auto" if k == "auto" else int(k)
@@ -151,16 +153,21 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
             order = list(np.roll(np.arange(len(modes)), rep + n))
             runs = [Stream(m, p["prompt"], a.max_new_tokens) for m in modes]
             interleave(runs, order, a.quantum)
+            if not runs[0].rate:
+                print(f"{p['id']:>14} rep {rep}: skipped (the baseline committed one token: no decode time)")
+                continue
             r = res.setdefault(p["id"], {"cat": p.get("category", ""), "same": True} | {m.label: [] for m in modes[1:]})
             for m, run in zip(modes, runs):
-                for k, n in run.req.stats.k_steps.items():
-                    m.k_steps[k] = m.k_steps.get(k, 0) + n
+                for k, steps in run.req.stats.k_steps.items():
+                    m.k_steps[k] = m.k_steps.get(k, 0) + steps
             for m, run in zip(modes[1:], runs[1:]):
                 r[m.label].append(run.rate / runs[0].rate)
                 r["same"] &= run.req.out == runs[0].req.out
             print(f"{p['id']:>14} rep {rep}: " + "  ".join(
                 f"{m.label} {run.rate / runs[0].rate:.3f}" for m, run in zip(modes[1:], runs[1:]))
                 + f"  (baseline {runs[0].rate:.1f} tok/s, {runs[0].tokens} tokens)", flush=True)
+    if not res:
+        sys.exit("error: no prompt decoded past its first token: raise --max-new-tokens")
     labels = [m.label for m in modes[1:]]
     print("\nper prompt, median over repetitions, over the baseline (" + modes[0].label + "):")
     med = {pid: {lab: float(np.median(r[lab])) for lab in labels} for pid, r in res.items()}
@@ -173,15 +180,14 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
         print(f"| {lab} | " + " | ".join(f"{x:.3f}" for x in cells)
               + f" | {_gm([v[lab] for v in med.values()]):.3f} | {med[lo][lab]:.3f} ({lo}) |")
     for m in (m for m in modes[1:] if m.k == "auto"):
-        drafter = m.label.partition(":")[2]
-        fixed = [f.label for f in modes[1:] if f.speculative and f.k != "auto" and f.label.partition(":")[2] == drafter]
+        fixed = [f.label for f in modes[1:] if f.speculative and f.k != "auto" and f.drafter == m.drafter]
         if fixed:  # against the fixed ks of its drafter: per prompt (in hindsight), and the best single k
             per = _gm([med[pid][m.label] / max(med[pid][f] for f in fixed) for pid in med])
             best = max(fixed, key=lambda f: _gm([v[f] for v in med.values()]))
             one = _gm([med[pid][m.label] / med[pid][best] for pid in med])
             print(f"{m.label} / the best of {', '.join(fixed)}: per prompt {per:.3f}; the best single k ({best}) "
                   f"{one:.3f}")
-        total = sum(m.k_steps.values())  # verify widths run (a chain cut at a near-tie runs a narrower one)
+        total = sum(m.k_steps.values()) or 1  # verify widths run (a chain cut at a near-tie runs a narrower one)
         print(f"{m.label} steps by verify width: "
               + ", ".join(f"{k}: {n / total:.1%}" for k, n in sorted(m.k_steps.items())))
         ctl = m.dec.autok()
@@ -204,6 +210,8 @@ def under_load(a, modes: list[Mode], prompts: list[dict]) -> None:
     for rep in range(a.reps):
         runs = [Loop(m, texts, a.clients, a.max_new_tokens) for m in modes]
         interleave(runs, list(np.roll(np.arange(len(modes)), rep)), a.quantum)
+        if not runs[0].rate:
+            sys.exit("error: the baseline committed no tokens under load: raise --max-new-tokens")
         line = []
         for m, run in zip(modes[1:], runs[1:]):
             ratios[m.label].append(run.rate / runs[0].rate)
@@ -239,18 +247,22 @@ def main() -> None:
         m = Mode(spec, a.engine, opts)
         m.label = lab
         modes.append(m)
-    by_label = {m.label: m for m in modes}
+    autos = {m.label: m for m in modes if m.k == "auto"}
+    fields = {f.name for f in dataclasses.fields(AutoK)}
     for item in a.set:
         label, _, rest = item.partition("=")
         key, _, val = rest.partition("=")
-        ctl = by_label[label].dec.autok() if label in by_label else None
-        if ctl is None or not hasattr(ctl, key):
-            sys.exit(f"error: --set {item!r}: give LABEL=FIELD=VALUE with a mode's label ({', '.join(by_label)}) "
-                     "and a field of AutoK (specexport/autok.py)")
+        if label not in autos or key not in fields:
+            sys.exit(f"error: --set {item!r}: give LABEL=FIELD=VALUE with the label of an auto mode "
+                     f"({', '.join(autos) or 'none'}) and a field of AutoK (specexport/autok.py)")
+        ctl = autos[label].dec.autok()
         try:
-            setattr(ctl, key, json.loads(val))
+            value = json.loads(val)
         except json.JSONDecodeError:
-            setattr(ctl, key, val)
+            sys.exit(f"error: --set {item!r}: the value must be JSON (true, 0.05, 64, [4, 8]); a string in quotes")
+        if isinstance(getattr(ctl, key), tuple) and isinstance(value, list):
+            value = tuple(value)
+        setattr(ctl, key, value)
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up([m.dec for m in modes], prompts)
     (under_load if a.clients else single_stream)(a, modes, prompts)
