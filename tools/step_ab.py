@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ab_prompts  # noqa: E402
 from specexport.autok import AutoK  # noqa: E402
+from specexport.bench.report import geomean  # noqa: E402
 from specexport.batch import Batch  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
@@ -142,10 +143,6 @@ def interleave(runs: list, order: list[int], quantum: float = 0.0) -> None:
             run.advance()
 
 
-def _gm(xs) -> float:
-    return float(np.exp(np.mean(np.log(xs)))) if len(xs) else float("nan")
-
-
 def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
     res = {}  # prompt id -> {"cat", "same", label -> [ratios]}
     for rep in range(a.reps):
@@ -175,16 +172,16 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
     print("| mode | " + " | ".join(cats) + " | all | lowest prompt |")
     print("|---|" + "---|" * (len(cats) + 2))
     for lab in labels:
-        cells = [_gm([med[pid][lab] for pid, r in res.items() if r["cat"] == c]) for c in cats]
+        cells = [geomean([med[pid][lab] for pid, r in res.items() if r["cat"] == c]) for c in cats]
         lo = min(med, key=lambda pid: med[pid][lab])
         print(f"| {lab} | " + " | ".join(f"{x:.3f}" for x in cells)
-              + f" | {_gm([v[lab] for v in med.values()]):.3f} | {med[lo][lab]:.3f} ({lo}) |")
+              + f" | {geomean([v[lab] for v in med.values()]):.3f} | {med[lo][lab]:.3f} ({lo}) |")
     for m in (m for m in modes[1:] if m.k == "auto"):
         fixed = [f.label for f in modes[1:] if f.speculative and f.k != "auto" and f.drafter == m.drafter]
         if fixed:  # against the fixed ks of its drafter: per prompt (in hindsight), and the best single k
-            per = _gm([med[pid][m.label] / max(med[pid][f] for f in fixed) for pid in med])
-            best = max(fixed, key=lambda f: _gm([v[f] for v in med.values()]))
-            one = _gm([med[pid][m.label] / med[pid][best] for pid in med])
+            per = geomean([med[pid][m.label] / max(med[pid][f] for f in fixed) for pid in med])
+            best = max(fixed, key=lambda f: geomean([v[f] for v in med.values()]))
+            one = geomean([med[pid][m.label] / med[pid][best] for pid in med])
             print(f"{m.label} / the best of {', '.join(fixed)}: per prompt {per:.3f}; the best single k ({best}) "
                   f"{one:.3f}")
         total = sum(m.k_steps.values()) or 1  # verify widths run (a chain cut at a near-tie runs a narrower one)
@@ -220,7 +217,7 @@ def under_load(a, modes: list[Mode], prompts: list[dict]) -> None:
         print(f"rep {rep}: " + "  ".join(line) + f"  (baseline {runs[0].rate:.1f} tok/s)", flush=True)
     print(f"\n{a.clients} clients, {n} requests of {a.max_new_tokens} tokens, over the baseline ({modes[0].label}):")
     for lab, xs in ratios.items():
-        print(f"  {lab}: {_gm(xs):.3f} (range {min(xs):.3f}-{max(xs):.3f})")
+        print(f"  {lab}: {geomean(xs):.3f} (range {min(xs):.3f}-{max(xs):.3f})")
 
 
 def main() -> None:
