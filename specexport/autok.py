@@ -44,8 +44,13 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              passes, the fp32 SmolLM2 target's int8 copy stayed at k = 4 where k = 8 with the stop paid more:
              replayed (48 prompts x 6 seeds of 10% cost noise), the model at auto +1.0% and +0.8%, the hybrid
              +0.1% and +0.4%
-  E_t(a, k)  what such a chain promises a row: its draft i exists with probability (1 - t)^(i - 1), so
-             1 + sum_{i=1..k} a^i (1 - t)^(i - 1) (`model_tokens`; a is per drafted token). Priced at P(k, B)
+  E_t(a, k)  what such a chain promises a row: its draft i exists with probability (1 - t)^(i - 1) and is the
+             tie that ends it with probability t, so 1 + sum_{i=1..k} (a (1 - t))^(i - 1) ((1 - t) a + t a_tie)
+             (`model_tokens`). The drafts are counted in two classes (`split_ties`, `observe_chain`): a is the
+             row's acceptance of the drafts the model was clear about, a_tie the acceptance of a chain's last
+             draft at a near-tie, over all requests (SmolLM2's int8 copy: 0.99 against about 0.6). One a for
+             both (t a_tie folded in) undersold long chains of clear drafts: at the costs and rates a stop-46
+             run believed it rated k = 4 above k = 8, where k = 8 ran 3.2% faster. Priced at P(k, B)
              passes but promised E(a, k), a wide draft looked cheap: replayed with k = 16 built (fp32 SmolLM2,
              its int8 copy, t 0.03-0.04; 12 seeds of 10% cost noise), the model alone at auto ran 0.968x and
              0.939x fixed k = 8 on the bench and held-out prompts, 0.981x and 0.955x with E_t (+1.3%, +1.8%;
@@ -274,8 +279,10 @@ class AutoK:
     price_ties: bool = True  # a k-token draft is priced at the passes its chain runs given the near-tie rate
     trim_handover: bool = True  # hybrid: a handover's lookup tokens are verified as far as they pay (handover_width)
     tie_decay: float = 0.99  # per draft position checked: about the last 100
+    split_ties: bool = True  # a chain's last draft at a near-tie has an acceptance of its own (model_tokens)
     costs: Costs = field(default_factory=Costs)
     ties: list = field(default_factory=lambda: [0.0, 0.0])  # [decayed near-ties, decayed positions checked]
+    tie_acc: RowAcceptance = field(default_factory=RowAcceptance)  # drafts at a near-tie, over all requests
     global_acc: dict = field(default_factory=dict)  # source -> RowAcceptance over all requests (decay 0.99)
     # draft-model probe state (per decoder: one batch drafts together)
     off_steps: int = 0
@@ -376,17 +383,28 @@ class AutoK:
         go = 1.0 - tie / seen  # a row goes on after a position checked
         return sum(1.0 - (1.0 - go ** i) ** B for i in range(k))
 
+    def splits(self) -> bool:
+        """Are a chain's drafts at a near-tie counted apart (`tie_acc`) from the row's others (source 0)?"""
+        return self.split_ties and self.price_ties and not self.handover
+
+    def tie_acceptance(self) -> float:
+        """a_tie: the acceptance of a draft at a near-tie, over all requests (one pseudo-trial at 0.5)."""
+        return (self.tie_acc.accepted + 0.5) / (self.tie_acc.evidence + 1.0)
+
     def model_tokens(self, a: float, k: int) -> float:
         """Expected committed tokens of one row's k-token chained draft at acceptance a (per drafted token). The
         chain ends at a near-tie (the margin stop, at rate t per position checked, as `passes` prices it), so
-        draft i exists with probability (1 - t)^(i - 1): 1 + sum_{i=1..k} a^i (1 - t)^(i - 1). E(a, k) where no
-        tie has been seen, with `price_ties` off, or for a chain that hands rows over to lookup (`handover`)."""
+        draft i exists with probability (1 - t)^(i - 1), and is the tie, accepted at a_tie, with probability t
+        (`splits`; else at a): 1 + sum_{i=1..k} (a (1 - t))^(i - 1) ((1 - t) a + t a_tie). a = 1: every draft
+        accepted, ties too. E(a, k) where no tie has been seen, with `price_ties` off, or for a chain that hands
+        rows over to lookup (`handover`)."""
         tie, seen = self.ties
         if k <= 0 or self.handover or not (self.price_ties and tie > 0 and seen > 0):
             return expected_tokens(a, k)
-        a = min(max(a, 0.0), 0.999)
-        x = a * (1.0 - tie / seen)
-        return 1.0 + a * (1.0 - x ** k) / (1.0 - x)
+        a_tie = 1.0 if a >= 1.0 else self.tie_acceptance() if self.splits() else a
+        a, t = min(max(a, 0.0), 0.999), tie / seen
+        x = a * (1.0 - t)
+        return 1.0 + ((1.0 - t) * a + t * a_tie) * (1.0 - x ** k) / (1.0 - x)
 
     def catch_up(self, gap: int, B: int) -> tuple[float, str]:
         """The cheaper way to show a draft model `gap` committed tokens it missed (the largest gap of the batch's
@@ -656,6 +674,17 @@ class AutoK:
         if g is None:
             g = self.global_acc[source] = RowAcceptance()
         g.observe(n_accepted, rejected, 0.99)
+
+    def observe_chain(self, row: RowState, n_accepted: int, proposed: int, tied: bool, rejected: bool) -> None:
+        """A draft model's verified proposal of `proposed` tokens, n accepted (rejected: the verify stopped it).
+        tied: its last draft was a near-tie, where the chain ended; counted apart (`splits`), it teaches a_tie,
+        and the row's own estimate keeps the drafts the model was clear about."""
+        if not (tied and proposed and self.splits()):
+            return self.observe_row(row, 0, n_accepted, rejected)
+        clear = proposed - 1
+        self.observe_row(row, 0, min(n_accepted, clear), rejected and n_accepted < clear)
+        if n_accepted >= clear:
+            self.tie_acc.observe(n_accepted - clear, rejected, 0.99)
 
     def end_step(self, k: int, rows: list[RowState]) -> None:
         if k:

@@ -304,6 +304,7 @@ class Batch:
         # 1. Draft: d [B, k], q [B, k, V] or None, draft_len [B].
         u = self._uniforms(rows, B, 2 * k + 1, sampling)  # [B, 2k+1]: draft | accept | next
         longest, shadow, source, model_ran, unused, passes, handover, cut = 0, None, [0] * B, False, None, 0, None, None
+        tied = None  # [B]: a model row's chain ended at a near-tie (autok.AutoK.observe_chain)
         if k:
             x = DraftInputs(last_two, past_len, past_max + k + 1, self.history[:B], self.lengths[:B], sampling,
                             u[:, :k])
@@ -321,7 +322,7 @@ class Batch:
                     unused = [lk.draft[b, :n].tolist() if n and not use[b] else None  # checked as the target commits
                               for b, n in enumerate(lens)]
             draft, q, draft_len, longest = prop.draft, prop.q, prop.draft_len, prop.longest
-            source, model_ran, handover = prop.source or [0] * B, prop.model_ran, prop.handover
+            source, model_ran, handover, tied = prop.source or [0] * B, prop.model_ran, prop.handover, prop.tied
             passes = prop.passes if model_ran else 0
             if self.auto is not None and model_ran and handover is not None and self.auto.trim_handover:
                 draft_len, longest, handover, cut = self._trim_handover(rows, draft, draft_len, source, handover,
@@ -384,6 +385,8 @@ class Batch:
                     self.auto.observe_row(self.acc[b], 0, min(n, j), n < j)
                     if n >= j:
                         self.auto.observe_row(self.acc[b], ho[1], n - j, n < proposed)
+                elif proposed and tied is not None and source[b] == 0:  # the model's chain
+                    self.auto.observe_chain(self.acc[b], n, proposed, bool(tied[b]), n < proposed)
                 elif proposed:
                     self.auto.observe_row(self.acc[b], source[b], n, n < proposed)
                 elif shadow is not None and shadow[1][b]:  # a proposal not verified: did the target pick it?

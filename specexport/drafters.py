@@ -52,6 +52,7 @@ class Proposal:
     #                                                       rest from an n-gram match (HybridDrafter); None: not
     margin: np.ndarray | None = None  # [B, passes - 1] each draft's top logit minus its runner-up, but the last's
     ties: tuple[int, int] = (0, 0)  # (near-ties, draft positions checked) of the model's chain (autok.py prices it)
+    tied: np.ndarray | None = None  # [B] bool: the row's chain ended at a near-tie (its last draft is the tie)
 
 
 class Drafter(Protocol):
@@ -159,6 +160,7 @@ class ModelDrafter:
         live = [not d for d in done] if done is not None else [True] * B
         seen: list[np.ndarray | None] = [None]
         ties = [0, 0]  # near-ties, positions checked
+        tied = np.zeros(B, dtype=bool)
 
         def until(drafts: np.ndarray, margin: np.ndarray | None) -> bool:  # drafts, margin [B, i]
             i, seen[0] = drafts.shape[1], margin
@@ -169,6 +171,7 @@ class ModelDrafter:
                 tie = check and near_tie(float(margin[b, i - 1]), self.min_margin)
                 ties[0] += tie
                 ties[1] += check
+                tied[b] = tie
                 if tie or take_over is not None and take_over(b, drafts[b]):
                     live[b], end[b] = False, i
             return not any(live)
@@ -189,7 +192,7 @@ class ModelDrafter:
             if q is not None:
                 q[b, draft_len[b]:] = 0.0
         return Proposal(draft, q, draft_len, int(draft_len.max()), model_ran=True, passes=i, margin=seen[0],
-                        ties=(ties[0], ties[1]))
+                        ties=(ties[0], ties[1]), tied=tied)
 
 
 def near_tie(margin: float, min_margin: float) -> bool:
@@ -349,7 +352,8 @@ class HybridDrafter:
                     q[b, j:] = 0.0
                     q[b, np.arange(j, j + len(found)), found] = 1.0
         return Proposal(draft, q, draft_len, int(draft_len.max()), model_ran=True, passes=m.passes,
-                        handover=[None if sp is None else sp[:2] for sp in split], margin=m.margin, ties=m.ties)
+                        handover=[None if sp is None else sp[:2] for sp in split], margin=m.margin, ties=m.ties,
+                        tied=m.tied)
 
     def merge(self, lk: Proposal, use: list[bool], m: Proposal, sampling) -> Proposal:
         """Rows in `use` take lookup's proposal (one-hot q when sampling), the others the model's (source 0)."""
@@ -364,8 +368,9 @@ class HybridDrafter:
                 q[b, np.arange(q.shape[1]), draft[b]] = 1.0  # (padding past draft_len is never accepted)
         source = [s if t else 0 for s, t in zip(lk.source, use)]
         handover = None if m.handover is None else [None if t else h for t, h in zip(use, m.handover)]
+        tied = None if m.tied is None else m.tied & ~take
         return Proposal(draft, q, draft_len, int(draft_len.max()), source, model_ran=True, passes=m.passes,
-                        handover=handover, margin=m.margin, ties=m.ties)
+                        handover=handover, margin=m.margin, ties=m.ties, tied=tied)
 
     def propose(self, x: DraftInputs, k: int) -> Proposal:
         lk, use = self.lookups(x, k)

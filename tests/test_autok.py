@@ -612,9 +612,10 @@ def test_near_ties_lower_the_price_and_the_promise_of_a_wide_draft():
     position checked, pass i of a k-token draft over B rows runs while some row has not tied, so it is priced at
     sum_i 1 - (1 - (1 - t)^i)^B passes; and a row's draft i exists only with probability (1 - t)^(i - 1), so it
     promises 1 + sum_i a^i (1 - t)^(i - 1) tokens, not E(a, k). Pricing the passes alone made wide drafts look
-    cheap: replayed with k = 16 built, the model alone at auto ran 0.968x and 0.939x fixed k = 8."""
+    cheap: replayed with k = 16 built, the model alone at auto ran 0.968x and 0.939x fixed k = 8. (One acceptance
+    for every draft here, the tie's included: `split_ties` off; the next test splits them.)"""
     costs = {0: 1.0, 2: 1.06, 4: 1.11, 8: 1.36}
-    ctl = _ctl(costs, free=False, draft_pass=0.2)
+    ctl = _ctl(costs, free=False, draft_pass=0.2, split_ties=False)
     row = RowState(spec_steps=1)  # (past its first step, a probe)
     for _ in range(40):  # acceptance about 0.96
         ctl.observe_row(row, 0, 24, True)
@@ -635,6 +636,43 @@ def test_near_ties_lower_the_price_and_the_promise_of_a_wide_draft():
     assert AutoK(KS, free_drafts=False, price_ties=False, ties=[10.0, 100.0]).passes(8, 1) == 8.0
     # a hybrid's chain that hands rows over to lookup goes on past the model's drafts: E(a, k)
     assert AutoK(KS, free_drafts=False, handover=True, ties=[10.0, 100.0]).model_tokens(a, 8) == expected_tokens(a, 8)
+
+
+def test_a_chains_near_tie_drafts_are_counted_apart_and_a_wide_draft_pays():
+    """A chain's last draft at a near-tie is accepted far less often than the drafts before it (SmolLM2's int8
+    copy: about 0.6 against 0.99). One acceptance for both undersells a long chain of clear drafts: stop 46's
+    believed costs rated k = 4 above k = 8 where k = 8 ran 3.2% faster. Hand-forced: a cycle of four chains (all
+    8 clear drafts accepted, twice; a tie at draft 3, rejected; a tie at draft 5, accepted), the costs stop 46's
+    run believed (c(8) 1.34 c(0), a pass 0.43 c(0)). Counted apart: the row's clear drafts at 1, a_tie 0.5, and
+    k = 8 plans; pooled (0.96 per draft) it plans k = 4."""
+    costs = {0: 1.0, 2: 1.08, 4: 1.14, 8: 1.34}
+    cycle = [(8, False, 8, 7), (2, True, 3, 3), (5, True, 5, 5), (8, False, 8, 7)]  # n, tied, proposed, checked
+    plans = {}
+    for split in (True, False):
+        ctl = _ctl(costs, free=False, draft_pass=0.43, split_ties=split)
+        row = RowState(spec_steps=1)
+        for _ in range(10):
+            for n, tied, proposed, checked in cycle:
+                ctl.observe_ties(int(tied), checked)
+                ctl.observe_chain(row, n, proposed, tied, n < proposed)
+        plans[split] = ctl.plan(1, [row])
+        if split:
+            a, a_tie, t = ctl.acceptance(row), ctl.tie_acceptance(), ctl.ties[0] / ctl.ties[1]
+            assert a > 0.99 and a_tie == pytest.approx(0.5, abs=0.01) and 0.08 < t < 0.1
+            x = min(a, 0.999)  # (model_tokens' clamp)
+            want = 1 + sum((x * (1 - t)) ** (i - 1) * ((1 - t) * x + t * a_tie) for i in range(1, 9))
+            assert ctl.model_tokens(a, 8) == pytest.approx(want)
+            assert ctl.model_tokens(1.0, 8) == pytest.approx(1 + sum((1 - t) ** (i - 1) for i in range(1, 9)), rel=0.01)
+        else:
+            assert 0.95 < ctl.acceptance(row) < 0.97
+    assert plans == {True: 8, False: 4}
+    # without a tie at its end, a chain counts for the row alone (as observe_row would)
+    ctl = AutoK(KS, free_drafts=False)
+    row = RowState()
+    ctl.observe_chain(row, 3, 8, False, True)
+    assert row.get(0).trials == 4 and ctl.tie_acc.trials == 0
+    ctl.observe_chain(row, 4, 5, True, True)  # 4 clear drafts accepted, the tie rejected
+    assert row.get(0).trials == 8 and (ctl.tie_acc.trials, ctl.tie_acc.rejected) == (1, 1.0)
 
 
 def test_a_handover_verifies_lookups_rest_only_as_far_as_it_pays():

@@ -115,6 +115,7 @@ def test_a_row_ends_its_drafts_after_a_near_tie():
     p = ModelDrafter(eng, "m", min_margin=0.15).propose(inputs([[1, 2], [1, 3], [2, 3]], k=4, sampling=object()), 4)
     assert eng.calls == 4 and p.passes == 4  # row 1 never ties before its last draft
     assert p.draft_len.tolist() == [2, 4, 1] and p.longest == 4
+    assert p.tied.tolist() == [True, False, True]  # whose last draft is the tie (autok.AutoK.observe_chain)
     assert p.draft.tolist() == [[4, 5, 0, 0], [4, 5, 6, 7], [4, 0, 0, 0]]  # padding after a row's end
     assert np.allclose(p.q[0, :2], 0.1) and not p.q[0, 2:].any() and not p.q[2, 1:].any()
     assert np.allclose(p.margin, np.asarray(margins, np.float32)[:, :3])
@@ -135,4 +136,4 @@ def test_the_margin_stop_comes_before_the_handover():
     p = h.propose(inputs(rows, k=4), 4)
     assert p.draft[0].tolist() == [4, 5, 0, 0] and p.draft_len[0] == 2 and p.handover[0] is None
     assert p.draft[1].tolist() == [4, 5, 6, 9] and p.handover[1] == (2, 2)
-    assert eng.calls == 2
+    assert eng.calls == 2 and p.tied.tolist() == [True, False]

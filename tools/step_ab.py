@@ -58,6 +58,7 @@ class Mode:
         k, _, drafter = spec.partition(":")
         self.label, self.drafter = spec, drafter  # (the label gains #n when a spec repeats)
         self.k_steps: dict[int, int] = {}  # k run -> steps, over every request of the mode
+        self.steps, self.tokens, self.seconds, self.draft_s = 0, 0, 0.0, 0.0  # decode, over every request
         self.speculative = k != "0"
         self.k = "auto" if k == "auto" else int(k)
         self.dec = SpeculativeDecoder.load(engine, **(opts | ({"drafter": drafter} if drafter else {})))
@@ -155,8 +156,11 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
                 continue
             r = res.setdefault(p["id"], {"cat": p.get("category", ""), "same": True} | {m.label: [] for m in modes[1:]})
             for m, run in zip(modes, runs):
-                for k, steps in run.req.stats.k_steps.items():
+                st = run.req.stats
+                for k, steps in st.k_steps.items():
                     m.k_steps[k] = m.k_steps.get(k, 0) + steps
+                m.steps, m.tokens = m.steps + st.steps, m.tokens + run.tokens - 1
+                m.seconds, m.draft_s = m.seconds + run.seconds, m.draft_s + st.draft_s
             for m, run in zip(modes[1:], runs[1:]):
                 r[m.label].append(run.rate / runs[0].rate)
                 r["same"] &= run.req.out == runs[0].req.out
@@ -194,6 +198,14 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
             print("  c(k)/c(0): " + ", ".join(f"{k}: {ctl.verify_cost(k, 1) / c0:.3f}" for k in ctl.ks)
                   + (f"; draft pass {d / c0:.3f}" if d else "") + (f"; ties {tie / seen:.3f}" if seen else "")
                   + "; acceptance " + ", ".join(f"{s}: {ctl.prior(s):.3f}" for s in sorted(ctl.global_acc)))
+    base = modes[0]
+    if base.steps and not base.speculative:  # what auto's costs are to be checked against, measured
+        c0 = base.seconds / base.steps
+        print(f"measured per step, over the baseline's step ({c0 * 1e3:.1f} ms): tokens / step, seconds / step "
+              "(of which drafting)")
+        for m in (m for m in modes[1:] if m.speculative and m.steps):
+            print(f"  {m.label}: {m.tokens / m.steps:.2f} tokens, {m.seconds / m.steps / c0:.3f} "
+                  f"({m.draft_s / m.steps / c0:.3f})")
     same = sum(r["same"] for r in res.values())
     print(f"\nevery mode gave the baseline's tokens on {same}/{len(res)} prompts")
 

@@ -166,6 +166,8 @@ class Replay:
                     auto.observe_row(row, 0, min(n, ho[0]), full < ho[0] and known)
                     if n >= ho[0]:
                         auto.observe_row(row, ho[1], n - ho[0], full < L and known)
+                elif L and ran and source == 0:  # the model's chain (a near-tie ended it where ties[0])
+                    auto.observe_chain(row, n, L, ties[0] > 0, full < L and known)
                 elif L:
                     auto.observe_row(row, source, n, full < L and known)
                 elif shadow is not None:
