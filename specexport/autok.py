@@ -120,7 +120,8 @@ Rule
     the probe interval (their number is bounded by how fast the bound tightens: a few steps per request for
     a draft that does not pay, see tests/test_autok.py).
   Costs are the median of the last 5 samples within 32 steps of the newest (a passing stall moves a median
-  less than a moving average, and an old sample does not outvote a new one). A target-only step right after
+  less than a moving average, and an old sample does not outvote a new one), but of no fewer than the last 3
+  (a width run rarely is not set by one stall until it runs again). A target-only step right after
   a speculative one is slower (the engine switches graphs); the excess is charged to the speculative step.
   Where the batch-1 target-only step is itself a k = 1 verify (`free_ks`: a CPU whose one-row linears round
   otherwise, backends/row_probe.py), k = 1 at batch 1 costs c(0) by definition and its steps are c(0)'s samples
@@ -204,10 +205,14 @@ class RowState:
 class Costs:
     """Measured seconds per key: the median of the last `window` samples taken within `horizon` steps of the
     newest (a passing stall moves a median less than a moving average; an old sample does not outvote a new
-    one). The first sample of a key is provisional (it includes set-up)."""
+    one), but never fewer than the last `keep`: a key measured rarely (a width auto seldom runs, c(0) under a
+    draft model) is not set by one sample, so one stall does not make it look dear until it is run again
+    (stop 47: prompt lookup ended a run believing c(4) = 2.45 c(0), where fixed k = 4 ran 1.08 c(0) a step).
+    The first sample of a key is provisional (it includes set-up)."""
 
     window: int = 5
     horizon: int = 32
+    keep: int = 3
     samples: dict = field(default_factory=dict)  # key -> [(step, seconds)], oldest first
     count: dict = field(default_factory=dict)
     when: dict = field(default_factory=dict)  # key -> the step it was last measured at
@@ -217,7 +222,10 @@ class Costs:
         n = self.count.get(key, 0)
         self.count[key] = n + 1
         self.when[key] = step
-        recent = [] if n == 1 else [x for x in self.samples.get(key, []) if x[0] > step - self.horizon]
+        old = [] if n == 1 else self.samples.get(key, [])
+        recent = [x for x in old if x[0] > step - self.horizon]
+        if len(recent) < self.keep - 1:  # (old is oldest first: its last ones hold every recent one)
+            recent = old[-(self.keep - 1):] if self.keep > 1 else []
         self.samples[key] = (recent + [(step, seconds)])[-self.window:]  # (the second sample replaces the first)
         self._update(key)
 

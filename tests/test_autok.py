@@ -44,6 +44,25 @@ def _ctl(costs=COSTS, B=1, free=True, draft_pass=None, **kw) -> AutoK:
     return ctl
 
 
+def test_costs_a_rarely_measured_key_is_not_set_by_one_stall():
+    """Samples older than `horizon` steps drop out, but the last `keep` (3) stay: a width auto seldom runs is
+    not set by one stall (it would look dear until run again), and it follows a lasting change after two."""
+    for keep, after_one in ((3, 1.0), (1, 3.0)):
+        c = Costs(keep=keep)
+        for step in (0, 1, 2):
+            c.observe("x", 1.0, step)
+        c.observe("x", 3.0, 100)  # a stall, long after
+        assert c.get("x") == after_one
+        c.observe("x", 3.0, 101)
+        assert c.get("x") == 3.0
+    c = Costs()
+    for step in range(8):
+        c.observe("y", 1.0, step)
+    for step in range(40, 43):  # recent samples only, once there are enough of them
+        c.observe("y", 2.0, step)
+    assert [v for _, v in c.samples["y"]] == [2.0, 2.0, 2.0]
+
+
 def test_costs_first_sample_is_provisional_then_a_median():
     c = Costs()
     c.observe("x", 10.0)  # set-up heavy

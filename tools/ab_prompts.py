@@ -1,10 +1,11 @@
 """What the side-by-side tools (free_k1_ab.py, autok_ab.py, step_ab.py) share: their prompt and run options, the prompts
-(every n-th of the bench's), and the warm-up of every decoder before timing."""
+(every n-th of the bench's), the warm-up of every decoder before timing, and `--set FIELD=VALUE` (set_field)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
@@ -43,3 +44,21 @@ def warm_up(decoders, prompts: list[dict]) -> None:
     for p in prompts[:2]:
         for d in decoders:
             d.generate(p["prompt"], max_new_tokens=16, chat=True, k="auto")
+
+
+def set_field(obj, key: str, text: str, item: str) -> None:
+    """obj.key = the JSON value text (true, 0.05, 64, [4, 8], "a string"; a list for a tuple field becomes a
+    tuple; key may be a path, e.g. costs.keep); a value that is not JSON exits with a one-line error naming
+    `item` (the option as given)."""
+    *parents, key = key.split(".")
+    for p in parents:
+        obj = getattr(obj, p, None)
+    if obj is None or not hasattr(obj, key) or callable(getattr(obj, key)):
+        sys.exit(f"error: {item!r}: no such field")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        sys.exit(f"error: {item!r}: the value must be JSON (true, 0.05, 64, [4, 8]); a string in quotes")
+    if isinstance(getattr(obj, key), tuple) and isinstance(value, list):
+        value = tuple(value)
+    setattr(obj, key, value)

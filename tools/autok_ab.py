@@ -17,7 +17,6 @@ checks the result on the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,14 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ab_prompts  # noqa: E402
+from specexport.bench.report import geomean  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
-
-
-def _value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def main() -> None:
@@ -56,13 +49,13 @@ def main() -> None:
             obj = getattr(obj, p, None)
         if obj is None or not hasattr(obj, key) or callable(getattr(obj, key)):
             sys.exit(f"error: the decoder's drafter has no field {path!r}; see specexport/drafters.py")
-        setattr(obj, key, _value(val))
+        ab_prompts.set_field(obj, key, val, f"--drafter-set {s}")
     ctl = changed.autok()  # (after the drafter's fields: AutoK reads some of them, e.g. its handover)
     for s in a.set:
         key, _, val = s.partition("=")
         if not hasattr(ctl, key):
             sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
-        setattr(ctl, key, _value(val))
+        ab_prompts.set_field(ctl, key, val, f"--set {s}")
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up((default, changed), prompts)
     modes = [("default", default, dict(k="auto")), ("changed", changed, dict(k="auto"))]
@@ -81,9 +74,7 @@ def main() -> None:
                 r["same"] &= o.token_ids == base.token_ids
             print(p["id"], " ".join(f"{m} {r[m][-1] / r['t'][-1]:.3f}" for m, *_ in modes), flush=True)
 
-    def g(xs):
-        return float(np.exp(np.mean(np.log(xs))))
-
+    g = geomean
     def med(r, x, y):
         return float(np.median(np.array(r[x]) / np.array(r[y])))
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specexport.bench.report import geomean  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
@@ -66,8 +67,7 @@ def main() -> None:
                     toks[name] = o.token_ids
                 same[m] += toks["A"] == toks["B"]
 
-    def g(xs):
-        return float(np.exp(np.mean(np.log(xs))))
+    g = geomean
     for m, r in rates.items():
         ra, rb = np.array(r["A"]), np.array(r["B"])
         x = rb / ra

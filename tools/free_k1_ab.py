@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ab_prompts  # noqa: E402
+from specexport.bench.report import geomean  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
 
@@ -52,8 +53,7 @@ def main() -> None:
     def ratio(r, a_, b):
         return float(np.median(np.array(r[a_]) / np.array(r[b])))
 
-    def g(xs):
-        return float(np.exp(np.mean(np.log(xs))))
+    g = geomean
     on_t, off_t, on_off = ([ratio(r, a_, b) for r in res.values()] for a_, b in
                            (("on", "t"), ("off", "t"), ("on", "off")))
     for pid, r, x, y, z in zip(res, res.values(), on_t, off_t, on_off):

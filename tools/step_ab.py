@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -241,7 +240,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=0, help="requests per mode and repetition under load "
                                                             "(default: 6 per client, at least 32)")
     ap.add_argument("--set", action="append", default=[], metavar="LABEL=FIELD=VALUE",
-                    help="an AutoK field of one mode (its label, e.g. auto#2 for a repeated spec; repeatable)")
+                    help="an AutoK field of one mode (its label, e.g. auto#2 for a repeated spec; a path such as "
+                         "costs.keep; repeatable)")
     ap.add_argument("--quantum", type=float, default=0.0,
                     help="a mode's turn lasts at least this many seconds of its steps (0: one step)")
     a = ap.parse_args()
@@ -261,17 +261,10 @@ def main() -> None:
     for item in a.set:
         label, _, rest = item.partition("=")
         key, _, val = rest.partition("=")
-        if label not in autos or key not in fields:
+        if label not in autos or key.split(".")[0] not in fields:
             sys.exit(f"error: --set {item!r}: give LABEL=FIELD=VALUE with the label of an auto mode "
                      f"({', '.join(autos) or 'none'}) and a field of AutoK (specexport/autok.py)")
-        ctl = autos[label].dec.autok()
-        try:
-            value = json.loads(val)
-        except json.JSONDecodeError:
-            sys.exit(f"error: --set {item!r}: the value must be JSON (true, 0.05, 64, [4, 8]); a string in quotes")
-        if isinstance(getattr(ctl, key), tuple) and isinstance(value, list):
-            value = tuple(value)
-        setattr(ctl, key, value)
+        ab_prompts.set_field(autos[label].dec.autok(), key, val, f"--set {item}")
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up([m.dec for m in modes], prompts)
     (under_load if a.clients else single_stream)(a, modes, prompts)
