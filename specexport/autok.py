@@ -47,10 +47,11 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
   E_t(a, k)  what such a chain promises a row: its draft i exists with probability (1 - t)^(i - 1) and is the
              tie that ends it with probability t, so 1 + sum_{i=1..k} (a (1 - t))^(i - 1) ((1 - t) a + t a_tie)
              (`model_tokens`). The drafts are counted in two classes (`split_ties`, `observe_chain`): a is the
-             row's acceptance of the drafts the model was clear about, a_tie the acceptance of a chain's last
-             draft at a near-tie, over all requests (SmolLM2's int8 copy: 0.99 against about 0.6). One a for
-             both (t a_tie folded in) undersold long chains of clear drafts: at the costs and rates a stop-46
-             run believed it rated k = 4 above k = 8, where k = 8 ran 3.2% faster. Priced at P(k, B)
+             row's acceptance of the drafts not at a checked near-tie (the chain's k-th draft is never checked),
+             a_tie the acceptance of a chain's last draft at a near-tie, over all requests (SmolLM2's int8 copy:
+             0.99 against about 0.6). One a for both (t a_tie folded in) undersold long chains of clear
+             drafts: at the costs and rates a stop-46 run believed it rated k = 4 above k = 8, where k = 8 ran
+             3.2% faster. Priced at P(k, B)
              passes but promised E(a, k), a wide draft looked cheap: replayed with k = 16 built (fp32 SmolLM2,
              its int8 copy, t 0.03-0.04; 12 seeds of 10% cost noise), the model alone at auto ran 0.968x and
              0.939x fixed k = 8 on the bench and held-out prompts, 0.981x and 0.955x with E_t (+1.3%, +1.8%;
@@ -205,9 +206,10 @@ class RowState:
 class Costs:
     """Measured seconds per key: the median of the last `window` samples taken within `horizon` steps of the
     newest (a passing stall moves a median less than a moving average; an old sample does not outvote a new
-    one), but never fewer than the last `keep`: a key measured rarely (a width auto seldom runs, c(0) under a
-    draft model) is not set by one sample, so one stall does not make it look dear until it is run again
-    (stop 47: prompt lookup ended a run believing c(4) = 2.45 c(0), where fixed k = 4 ran 1.08 c(0) a step).
+    one), but never fewer than the last `keep` (at most `window`): a width auto seldom runs is not set by one
+    sample, so one stall does not make it look dear until it is run again (stop 47: prompt lookup ended a run
+    believing c(4) = 2.45 c(0), where fixed k = 4 ran 1.08 c(0) a step). A `strict` sample (a draft model's
+    c(0) refresh, AutoK.refresh) keeps to the horizon alone: a slower machine moves c(0) at the first refresh.
     The first sample of a key is provisional (it includes set-up)."""
 
     window: int = 5
@@ -218,14 +220,14 @@ class Costs:
     when: dict = field(default_factory=dict)  # key -> the step it was last measured at
     median: dict = field(default_factory=dict)  # key -> the median of its samples (kept current)
 
-    def observe(self, key, seconds: float, step: int = 0) -> None:
+    def observe(self, key, seconds: float, step: int = 0, strict: bool = False) -> None:
         n = self.count.get(key, 0)
         self.count[key] = n + 1
         self.when[key] = step
         old = [] if n == 1 else self.samples.get(key, [])
         recent = [x for x in old if x[0] > step - self.horizon]
-        if len(recent) < self.keep - 1:  # (old is oldest first: its last ones hold every recent one)
-            recent = old[-(self.keep - 1):] if self.keep > 1 else []
+        if not strict and len(recent) < self.keep - 1:  # (old is oldest first: its last ones hold every recent one)
+            recent = old[len(old) - self.keep + 1:]
         self.samples[key] = (recent + [(step, seconds)])[-self.window:]  # (the second sample replaces the first)
         self._update(key)
 
@@ -399,18 +401,19 @@ class AutoK:
         """a_tie: the acceptance of a draft at a near-tie, over all requests (one pseudo-trial at 0.5)."""
         return (self.tie_acc.accepted + 0.5) / (self.tie_acc.evidence + 1.0)
 
-    def model_tokens(self, a: float, k: int) -> float:
+    def model_tokens(self, a: float, k: int, a_tie: float | None = None) -> float:
         """Expected committed tokens of one row's k-token chained draft at acceptance a (per drafted token). The
         chain ends at a near-tie (the margin stop, at rate t per position checked, as `passes` prices it), so
         draft i exists with probability (1 - t)^(i - 1), and is the tie, accepted at a_tie, with probability t
-        (`splits`; else at a): 1 + sum_{i=1..k} (a (1 - t))^(i - 1) ((1 - t) a + t a_tie). a = 1: every draft
-        accepted, ties too. E(a, k) where no tie has been seen, with `price_ties` off, or for a chain that hands
-        rows over to lookup (`handover`)."""
+        (`splits`; else at a): 1 + sum_{i=1..k} (a (1 - t))^(i - 1) ((1 - t) a + t a_tie). a_tie given: every
+        draft accepted, say (1.0). E(a, k) where no tie has been seen, with `price_ties` off, or for a chain that
+        hands rows over to lookup (`handover`)."""
         tie, seen = self.ties
         if k <= 0 or self.handover or not (self.price_ties and tie > 0 and seen > 0):
             return expected_tokens(a, k)
-        a_tie = 1.0 if a >= 1.0 else self.tie_acceptance() if self.splits() else a
         a, t = min(max(a, 0.0), 0.999), tie / seen
+        if a_tie is None:
+            a_tie = self.tie_acceptance() if self.splits() else a
         x = a * (1.0 - t)
         return 1.0 + ((1.0 - t) * a + t * a_tie) * (1.0 - x ** k) / (1.0 - x)
 
@@ -445,11 +448,12 @@ class AutoK:
         """Expected committed tokens per second of verifying free proposals (lens, acceptances a) at width j."""
         return self._lookup_tokens(a, lens, j) / self.verify_cost(j, B)
 
-    def _model_rate(self, B: int, rows: list[RowState], k: int, catch_up: float, estimate=None) -> float:
+    def _model_rate(self, B: int, rows: list[RowState], k: int, catch_up: float, estimate=None,
+                    a_tie: float | None = None) -> float:
         """Expected committed tokens per second of a k-token model draft (its catch-up amortised), at each row's
-        point estimate (or `estimate(row)`)."""
+        point estimate (or `estimate(row)`; a_tie: model_tokens')."""
         estimate = estimate or self.acceptance
-        return sum(self.model_tokens(estimate(r), k) for r in rows) / (
+        return sum(self.model_tokens(estimate(r), k, a_tie) for r in rows) / (
             self.draft_cost(k, B) + self.verify_cost(k, B) + catch_up / self.amortize)
 
     # ---- choices -----------------------------------------------------------------------------------------
@@ -518,7 +522,7 @@ class AutoK:
         accepted (the smallest built k, unless verifies are dear: without pre-packing a k=2 verify costs two
         target-only steps and only a wide k can pay)."""
         for k in sorted(self.ks):
-            if self._model_rate(B, [RowState()], k, catch_up, lambda r: 1.0) > (1 + self.margin) / c0:
+            if self._model_rate(B, [RowState()], k, catch_up, lambda r: 1.0, 1.0) > (1 + self.margin) / c0:
                 return k
         return min(self.ks)
 
@@ -528,7 +532,7 @@ class AutoK:
         self.off_steps += 1
         self.off_seconds += c0
         self.interval = self.interval or self.probe_every
-        if all(self.model_tokens(1.0, kk) / (self.draft_cost(kk, B) + self.verify_cost(kk, B)) <= 1 / c0
+        if all(self.model_tokens(1.0, kk, 1.0) / (self.draft_cost(kk, B) + self.verify_cost(kk, B)) <= 1 / c0
                for kk in self.ks):
             return 0  # cannot pay even if every draft were accepted
         cost = self.draft_cost(k, B) + self.verify_cost(k, B)
@@ -650,13 +654,14 @@ class AutoK:
             j = 0
         last, self._last = self._last, (j, Bb)
         c0 = self.costs.get(("verify", 0, Bb))
+        strict = self.refreshing and j == 0  # a refresh's c(0): past the horizon, the old samples go (Costs)
         if j == 0 and last[0] and last[1] == Bb and c0 is not None and self.costs.settled(("verify", 0, Bb)):
             self.costs.add_to_last(("verify", last[0], Bb), max(verify_s - c0, 0.0))
             if verify_s < c0:  # even after a switch it was faster: c(0) was too high (it is re-measured)
-                self.costs.observe(("verify", 0, Bb), verify_s, t)
+                self.costs.observe(("verify", 0, Bb), verify_s, t, strict)
             self.costs.when[("verify", 0, Bb)] = t
         else:
-            self.costs.observe(("verify", j, Bb), verify_s, t)
+            self.costs.observe(("verify", j, Bb), verify_s, t, strict)
         if draft_passes:
             self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
         if catch_up_calls:
@@ -686,7 +691,7 @@ class AutoK:
     def observe_chain(self, row: RowState, n_accepted: int, proposed: int, tied: bool, rejected: bool) -> None:
         """A draft model's verified proposal of `proposed` tokens, n accepted (rejected: the verify stopped it).
         tied: its last draft was a near-tie, where the chain ended; counted apart (`splits`), it teaches a_tie,
-        and the row's own estimate keeps the drafts the model was clear about."""
+        and the row's own estimate keeps the drafts not at a checked near-tie."""
         if not (tied and proposed and self.splits()):
             return self.observe_row(row, 0, n_accepted, rejected)
         clear = proposed - 1

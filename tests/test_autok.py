@@ -348,6 +348,9 @@ def test_model_draft_follows_a_machine_that_slows_down():
             if k:
                 ctl.observe_row(states[0], 0, k, False)
             ctl.end_step(k, states)
+            if ks.count(0) == steps:  # right after the first refresh (Costs.keep does not hold its sample back)
+                c0 = ctl.verify_cost(0, 1)
+                assert c0 == pytest.approx(COSTS[0]) if stale else c0 == pytest.approx(1.5 * COSTS[0])
         assert ks[10:].count(0) <= steps * 3  # the refreshes only: drafting pays throughout
         c0 = ctl.verify_cost(0, 1)
         assert c0 == pytest.approx(COSTS[0]) if stale else c0 == pytest.approx(1.5 * COSTS[0])
@@ -681,7 +684,8 @@ def test_a_chains_near_tie_drafts_are_counted_apart_and_a_wide_draft_pays():
             x = min(a, 0.999)  # (model_tokens' clamp)
             want = 1 + sum((x * (1 - t)) ** (i - 1) * ((1 - t) * x + t * a_tie) for i in range(1, 9))
             assert ctl.model_tokens(a, 8) == pytest.approx(want)
-            assert ctl.model_tokens(1.0, 8) == pytest.approx(1 + sum((1 - t) ** (i - 1) for i in range(1, 9)), rel=0.01)
+            every = 1 + sum((1 - t) ** (i - 1) for i in range(1, 9))  # every draft accepted, ties too
+            assert ctl.model_tokens(1.0, 8, 1.0) == pytest.approx(every, rel=0.01)
         else:
             assert 0.95 < ctl.acceptance(row) < 0.97
     assert plans == {True: 8, False: 4}
@@ -692,6 +696,20 @@ def test_a_chains_near_tie_drafts_are_counted_apart_and_a_wide_draft_pays():
     assert row.get(0).trials == 4 and ctl.tie_acc.trials == 0
     ctl.observe_chain(row, 4, 5, True, True)  # 4 clear drafts accepted, the tie rejected
     assert row.get(0).trials == 8 and (ctl.tie_acc.trials, ctl.tie_acc.rejected) == (1, 1.0)
+    ctl.observe_chain(row, 1, 5, True, True)  # a clear draft rejected before the tie: the tie is not reached
+    assert row.get(0).trials == 10 and ctl.tie_acc.trials == 1
+    ctl.observe_chain(row, 2, 5, True, False)  # the outputs end there (a replay): nothing known past them
+    assert row.get(0).trials == 12 and ctl.tie_acc.trials == 1
+    off = AutoK(KS, free_drafts=False, split_ties=False)
+    off.observe_chain(row := RowState(), 4, 5, True, True)  # split off: one class, as observe_row
+    assert (row.get(0).trials, row.get(0).rejected, off.tie_acc.trials) == (5, 1.0, 0)
+    # the promise: split off is the pooled rule; a row at the upper bound 1.0 still pays the tie at a_tie
+    off.ties = [10.0, 100.0]  # t = 0.1
+    for a in (0.96, 0.9995, 1.0):
+        x = min(a, 0.999) * 0.9
+        assert off.model_tokens(a, 8) == pytest.approx(1 + min(a, 0.999) * (1 - x ** 8) / (1 - x), rel=1e-12)
+    ctl.ties = [10.0, 100.0]
+    assert ctl.model_tokens(1.0, 8) < ctl.model_tokens(1.0, 8, 1.0)
 
 
 def test_a_handover_verifies_lookups_rest_only_as_far_as_it_pays():

@@ -11,7 +11,7 @@ def test_positions_split_ties_from_clear_drafts():
     # (proposed, accepted, tied): all 4 accepted; a tie at 2, rejected; a tie at 3, accepted; 1 of 4 accepted
     s = tool.summarize([(4, 4, False), (2, 1, True), (3, 3, True), (4, 1, False)], 4)
     assert [r[:3] for r in s["rows"]] == [(1, 4, 0), (2, 4, 1), (3, 2, 1), (4, 1, 0)]  # (position, reached, ties)
-    assert s["a_tie"] == 0.5 and s["t"] == pytest.approx(2 / 10)  # ties over the positions checked (1..k-1)
+    assert s["a_tie"] == 0.5 and s["t"] == pytest.approx(2 / 11)  # ties over the positions checked: 3 + 2 + 3 + 3
     assert s["a"] == pytest.approx(8 / 9) and s["tokens"] == pytest.approx(1 + 9 / 4)
     two, one = tool.promised(0.1, 0.9, 0.9, 4)  # a tie accepted like any draft: the two rules agree
     assert two == pytest.approx(one, rel=1e-3)  # (a_tie carries a pseudo-trial at 0.5)

@@ -54,11 +54,19 @@ def set_field(obj, key: str, text: str, item: str) -> None:
     for p in parents:
         obj = getattr(obj, p, None)
     if obj is None or not hasattr(obj, key) or callable(getattr(obj, key)):
-        sys.exit(f"error: {item!r}: no such field")
+        sys.exit(f"error: {item!r}: no such field (a method is not one)")
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
         sys.exit(f"error: {item!r}: the value must be JSON (true, 0.05, 64, [4, 8]); a string in quotes")
-    if isinstance(getattr(obj, key), tuple) and isinstance(value, list):
+    now = getattr(obj, key)
+    if isinstance(now, tuple) and isinstance(value, list):
         value = tuple(value)
-    setattr(obj, key, value)
+    kinds = (bool,) if isinstance(now, bool) else (int,) if isinstance(now, int) else (int, float) \
+        if isinstance(now, float) else None
+    if kinds and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+        sys.exit(f"error: {item!r}: the field holds a {type(now).__name__} ({now!r})")
+    try:
+        setattr(obj, key, value)
+    except AttributeError:
+        sys.exit(f"error: {item!r}: the field is read-only")

@@ -33,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ab_prompts.add_args(ap)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="an AutoK field of the changed decoder (repeatable)")
+                    help="an AutoK field of the changed decoder (a path such as costs.keep; repeatable)")
     ap.add_argument("--drafter-set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a field of the changed decoder's drafter (drafters.py; the hybrid's lookup as "
                          "lookup.FIELD; repeatable)")
@@ -41,20 +41,12 @@ def main() -> None:
     a = ap.parse_args()
     opts = ab_prompts.load_opts(a)
     default, changed = SpeculativeDecoder.load(a.engine, **opts), SpeculativeDecoder.load(a.engine, **opts)
-    for s in a.drafter_set:
+    for s in a.drafter_set:  # (drafters.py)
         path, _, val = s.partition("=")
-        *parents, key = path.split(".")
-        obj = changed.drafter
-        for p in parents:
-            obj = getattr(obj, p, None)
-        if obj is None or not hasattr(obj, key) or callable(getattr(obj, key)):
-            sys.exit(f"error: the decoder's drafter has no field {path!r}; see specexport/drafters.py")
-        ab_prompts.set_field(obj, key, val, f"--drafter-set {s}")
+        ab_prompts.set_field(changed.drafter, path, val, f"--drafter-set {s}")
     ctl = changed.autok()  # (after the drafter's fields: AutoK reads some of them, e.g. its handover)
-    for s in a.set:
+    for s in a.set:  # (autok.py)
         key, _, val = s.partition("=")
-        if not hasattr(ctl, key):
-            sys.exit(f"error: AutoK has no field {key!r}; see specexport/autok.py")
         ab_prompts.set_field(ctl, key, val, f"--set {s}")
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up((default, changed), prompts)

@@ -46,14 +46,16 @@ def record(dec) -> list[tuple[int, int, bool]]:
 
 def summarize(log: list[tuple[int, int, bool]], k: int) -> dict:
     """Per position i (1..k): reached (drafted, every draft before it accepted), ties (the chain's last, a near-tie),
-    and acceptance of the tie's draft and of the clear ones; pooled over positions too."""
+    and acceptance of the tie's draft and of the clear ones; pooled over positions too (t over every position
+    checked, as AutoK.observe_ties counts them)."""
     rows = []
     for i in range(1, k + 1):
         reach = [(L, n, t) for L, n, t in log if L >= i and n >= i - 1]
         tie = [n >= i for L, n, t in reach if t and L == i]
         clear = [n >= i for L, n, t in reach if not (t and L == i)]
         rows.append((i, len(reach), len(tie), sum(tie), len(clear), sum(clear)))
-    ties, checked = sum(r[2] for r in rows), sum(r[1] for r in rows[:-1])  # (the last position is not checked)
+    ties = sum(t for _, _, t in log)  # per position checked, as AutoK counts them: a tied chain checked all of
+    checked = sum(L if t else min(L, k - 1) for L, _, t in log)  # its drafts, a full one all but its k-th
     return {"rows": rows, "t": ties / max(checked, 1), "a_tie": sum(r[3] for r in rows) / max(ties, 1),
             "a": sum(r[5] for r in rows) / max(sum(r[4] for r in rows), 1),  # (as observe_chain counts them)
             "tokens": 1 + sum(n for _, n, _ in log) / max(len(log), 1)}

@@ -196,12 +196,13 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
             tie, seen = ctl.ties
             print("  c(k)/c(0): " + ", ".join(f"{k}: {ctl.verify_cost(k, 1) / c0:.3f}" for k in ctl.ks)
                   + (f"; draft pass {d / c0:.3f}" if d else "") + (f"; ties {tie / seen:.3f}" if seen else "")
-                  + "; acceptance " + ", ".join(f"{s}: {ctl.prior(s):.3f}" for s in sorted(ctl.global_acc)))
+                  + "; acceptance " + ", ".join(f"{s}: {ctl.prior(s):.3f}" for s in sorted(ctl.global_acc))
+                  + (f"; at a tie {ctl.tie_acceptance():.3f}" if ctl.tie_acc.trials else ""))
     base = modes[0]
     if base.steps and not base.speculative:  # what auto's costs are to be checked against, measured
         c0 = base.seconds / base.steps
         print(f"measured per step, over the baseline's step ({c0 * 1e3:.1f} ms): tokens / step, seconds / step "
-              "(of which drafting)")
+              "(of which before the verify: drafting, lookup, planning, catch-up)")
         for m in (m for m in modes[1:] if m.speculative and m.steps):
             print(f"  {m.label}: {m.tokens / m.steps:.2f} tokens, {m.seconds / m.steps / c0:.3f} "
                   f"({m.draft_s / m.steps / c0:.3f})")
