@@ -127,6 +127,15 @@ def test_a_row_ends_its_drafts_after_a_near_tie():
         assert p.passes == 4 and p.draft_len.tolist() == [4, 4, 4]
 
 
+def test_a_row_that_takes_lookups_proposal_is_not_tied():
+    """`Proposal.tied` (autok.AutoK.observe_chain) marks the model rows whose chain ended at a near-tie; a row that
+    takes lookup's proposal outright is never one, whatever the model's margins there."""
+    eng = ChainEngine([[0.05, 3.0, 3.0, 3.0], [3.0, 0.05, 3.0, 3.0]])  # row 0's first draft would tie
+    h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m", min_margin=0.15), min_match=2, handover=False)
+    p = h.propose(inputs([[4, 5, 6, 9, 4, 5], [4, 5, 6, 9, 1]], k=4), 4)  # row 0: "4 5" recurs (lookup)
+    assert p.source == [2, 0] and p.draft_len.tolist() == [4, 2] and p.tied.tolist() == [False, True]
+
+
 def test_the_margin_stop_comes_before_the_handover():
     """In the hybrid, a row whose draft ties ends there, even where its drafts so far would complete a lookup
     match; rows that take lookup's proposal outright do not hold the chain."""
