@@ -27,7 +27,7 @@ class Batch:
     Requests join with `admit` (prefilled in their own rows) and leave when they finish, both at step
     boundaries; `step` is the hot loop: draft, verify, commit, advance over rows 0..hi-1, where hi is one past
     the highest occupied row (a free row in between computes padding that nothing reads). Only the committed
-    tokens cross to the host (one `.tolist()` per step). k is fixed, or "auto" (autok.py) chosen per step.
+    tokens cross to the host (one `.tolist()` per step). k is fixed, or "auto" (specexport/autok) chosen per step.
     """
 
     def __init__(self, dec: SpeculativeDecoder, speculative: bool, k: int | str):

@@ -4,7 +4,7 @@ A drafter proposes k tokens per row after the current token (see verify.py for t
   draft     [B, k] long   proposed tokens (padding where it has nothing to say)
   q         [B, k, V]     processed draft probabilities, or None for one-hot drafters (prompt lookup)
   draft_len [B] long      how many of the k are real proposals; padding is never accepted
-  source    [B] int       where each row's proposal came from, for acceptance kept per source (autok.py):
+  source    [B] int       where each row's proposal came from, for acceptance kept per source (specexport/autok):
                           prompt lookup's matched n-gram length (0: no match); a draft model: 0
 Kinds: a draft model of any supported family, prompt lookup (n-gram), a quantized copy of the target
 (`quant:int4` / `quant:int8[:b<block>][:sym|:asym]`, models/quant.py), which runs as a draft model, and the
@@ -51,7 +51,7 @@ class Proposal:
     handover: list[tuple[int, int] | None] | None = None  # [B] (j, n): the model drafted j tokens, lookup the
     #                                                       rest from an n-gram match (HybridDrafter); None: not
     margin: np.ndarray | None = None  # [B, passes - 1] each draft's top logit minus its runner-up, but the last's
-    ties: tuple[int, int] = (0, 0)  # (near-ties, draft positions checked) of the model's chain (autok.py prices it)
+    ties: tuple[int, int] = (0, 0)  # (near-ties, draft positions checked) of the model's chain (autok prices it)
     tied: np.ndarray | None = None  # [B] bool: the row's chain ended at a near-tie (its last draft is the tie)
 
 
@@ -217,7 +217,7 @@ class PromptLookupDrafter:
     is where the copy comes from. (Replayed over stop 35's traces, 48 prompts x 6 seeds of 10% cost noise: against
     the latest 3-gram occurrence, fixed k = 8 +2.7% on the bench prompts and +0.4% on the others, the hybrid at
     auto +3.5% and +0.1%, code_edit most; README, "Hybrid drafting", gives the real runs.) The matched length
-    reported as the proposal's source (autok.py keeps acceptance per source) stays the n-gram's, at most ngram_max."""
+    reported as the proposal's source (autok keeps acceptance per source) stays the n-gram's, at most ngram_max."""
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 3, context_max: int = 16):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
@@ -275,7 +275,7 @@ class HybridDrafter:
     """Prompt lookup where it matched at least `min_match` tokens (its proposals cost no pass), the draft model
     for the other rows; rows stay ragged within one verify. A step where every row matched runs no draft pass
     (the model's cache then lags and the batch catches it up before its next draft, unless it is the target's:
-    ModelDrafter.link_kv). Sources (autok.py):
+    ModelDrafter.link_kv). Sources (specexport/autok):
     lookup rows keep their n-gram length (>= min_match >= 1), model rows are source 0.
 
     Handover (`handover`, on by default): a draft over the target's cache keeps no state of its own, so its chain

@@ -94,7 +94,7 @@ class SpeculativeDecoder:
                  chat: bool = False, stop_token_ids: Sequence[int] = (), k: int | str | None = None,
                  stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """Generate for a batch of prompts (text or token ids); returns one output per prompt.
-        k: draft tokens per step (one of the built ks), or "auto" (autok.py: chosen per step from measured
+        k: draft tokens per step (one of the built ks), or "auto" (specexport/autok: chosen per step from measured
         costs and acceptance, 0 = target-only included). stop: strings that end a generation (the text stops
         before them)."""
         reqs = self._prepare(prompts, max_new_tokens, sampling, chat, stop_token_ids, stop)

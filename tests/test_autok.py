@@ -1,7 +1,7 @@
-"""Adaptive k (autok.py) with hand-forced costs and acceptance, and k="auto" / forced k sequences in the
+"""Adaptive k (specexport/autok) with hand-forced costs and acceptance, and k="auto" / forced k sequences in the
 runtime: the tokens stay the target's, and a draft model catches up after target-only steps.
 
-Controller bounds tested here (autok.py's docstring states them):
+Controller bounds tested here (specexport/autok/__init__.py's docstring states them):
   - nothing matches (prompt lookup): no verify at all; matches that are always rejected: at most 1 verify
     per request before target-only steps, the estimate learnt from then on by shadow checks;
   - a draft model accepted never: 1 probe at the request's start, then at most 1 + log2(N / probe_every)

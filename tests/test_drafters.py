@@ -58,7 +58,7 @@ def test_lookup_copies_from_the_occurrence_whose_context_matches_furthest_back()
     # while the latest 3-gram occurrence (-> 8 8) is a chance repeat
     seq = np.array([1, 2, 3, 4, 5, 6, 9, 2, 3, 4, 8, 8, 0, 1, 2, 3, 4])
     draft, n = PromptLookupDrafter(1, 3).lookup(seq, 2)
-    assert draft.tolist() == [5, 6] and n == 3  # n, the proposal's source for autok.py, stays at most ngram_max
+    assert draft.tolist() == [5, 6] and n == 3  # n, the proposal's source for specexport/autok, stays at most ngram_max
     draft, n = PromptLookupDrafter(1, 3, context_max=3).lookup(seq, 2)  # context no longer than the n-gram
     assert draft.tolist() == [8, 8] and n == 3
     # equal context: the latest occurrence with k tokens after it, else the earliest

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`k="auto"` with changed AutoK fields (autok.py) against the default, side by side in real runs: two decoders
+"""`k="auto"` with changed AutoK fields (specexport/autok) against the default, side by side in real runs: two decoders
 over one engine in one process; on every prompt, before the next, target-only, auto (default), auto (changed)
 and a fixed k (the order of the two autos alternating per repetition), warm-up excluded. Greedy, batch 1, chat
 template, the prompts of ../shared/bench/prompts.jsonl. Prints each prompt's ratios, then per category and
@@ -45,7 +45,7 @@ def main() -> None:
         path, _, val = s.partition("=")
         ab_prompts.set_field(changed.drafter, path, val, f"--drafter-set {s}")
     ctl = changed.autok()  # (after the drafter's fields: AutoK reads some of them, e.g. its handover)
-    for s in a.set:  # (autok.py)
+    for s in a.set:  # (specexport/autok)
         key, _, val = s.partition("=")
         ab_prompts.set_field(ctl, key, val, f"--set {s}")
     prompts = ab_prompts.read(a)

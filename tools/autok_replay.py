@@ -12,7 +12,7 @@ over target-only, and auto against the best fixed k per prompt (chosen in hindsi
 fixed k. With --noise, every step's cost is multiplied by 1 + noise x N(0, 1), over --seeds seeds (means and the
 worst seed's minimum); --drift adds the machine's slow swings (one multiplier shared by every step kind, a random
 walk of that standard deviation in log cost). Target-only, the reference, meets the same costs. --set overrides an
-AutoK field (autok.py) for the replay.
+AutoK field (specexport/autok) for the replay.
 """
 
 from __future__ import annotations

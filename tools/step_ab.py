@@ -264,7 +264,7 @@ def main() -> None:
         key, _, val = rest.partition("=")
         if label not in autos or key.split(".")[0] not in fields:
             sys.exit(f"error: --set {item!r}: give LABEL=FIELD=VALUE with the label of an auto mode "
-                     f"({', '.join(autos) or 'none'}) and a field of AutoK (specexport/autok.py)")
+                     f"({', '.join(autos) or 'none'}) and a field of AutoK (specexport/autok/controller.py)")
         ab_prompts.set_field(autos[label].dec.autok(), key, val, f"--set {item}")
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up([m.dec for m in modes], prompts)

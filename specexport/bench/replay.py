@@ -1,5 +1,5 @@
 """Replay `k="auto"` offline: batch 1, greedy, over recorded target outputs and draft proposals and measured step
-costs, so that rules for autok.py are compared without the machine's noise (a 2-core VM's per-prompt A/A ratios
+costs, so that rules for specexport/autok are compared without the machine's noise (a 2-core VM's per-prompt A/A ratios
 spread by +-10%; a replay is exact, and noise can be added back with a known size).
 
 Why it is exact at greedy: the committed tokens do not depend on the drafter or on k (that is the lossless

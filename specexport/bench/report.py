@@ -1,6 +1,6 @@
 """Aggregate a bench run: per category and geometric mean, Leviathan's prediction vs the measurement.
 
-Per prompt and speculative mode (terms as in autok.py):
+Per prompt and speculative mode (terms as in specexport/autok):
   a          acceptance MLE: accepted / (accepted + rejections)
   E_pred     sum over steps of E(a, drafts proposed that step) / steps   (Leviathan's expected tokens per step);
              hybrid: per drafter, its steps x E(its own a, its mean proposal length), over all steps
@@ -11,7 +11,7 @@ Per prompt and speculative mode (terms as in autok.py):
   measured   decode tokens/s over target-only decode tokens/s (prefill excluded on both sides, as in the formula);
              tok/s and "x target-only" columns are end to end (prefill included)
 Per prompt and drafter with an auto row (`auto_vs_fixed`, decode rates, prefill excluded):
-  auto / target-only   k="auto" over target-only on the same prompt: autok.py's guarantee is >= 0.97 on every one
+  auto / target-only   k="auto" over target-only on the same prompt: autok's guarantee is >= 0.97 on every one
   auto / best fixed k  over the fastest fixed k on that prompt (an oracle choice, so noise favours it: the
                        fastest of three noisy rates is faster than the k would be on a rerun)
   ... held out         with repetitions: in each, over the fixed k that was fastest on that prompt in the other

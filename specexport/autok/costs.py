@@ -1,0 +1,136 @@
+"""Step costs: measured seconds per (kind, width, batch bucket), and what AutoK prices a step at from them: c(j, B),
+d(B) times the passes a chained draft runs, the catch-up u(g, B)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def bucket(B: int) -> int:
+    """Batch sizes share cost measurements per power of two (1, 2, 4, 8, 16, ...)."""
+    return 1 << max(B - 1, 0).bit_length()
+
+
+
+@dataclass
+class Costs:
+    """Measured seconds per key: the median of the last `window` samples taken within `horizon` steps of the
+    newest (a passing stall moves a median less than a moving average; an old sample does not outvote a new
+    one), but never fewer than the last `keep` (at most `window`): a width auto seldom runs is not set by one
+    sample, so one stall does not make it look dear until it is run again (stop 47: prompt lookup ended a run
+    believing c(4) = 2.45 c(0), where fixed k = 4 ran 1.08 c(0) a step). A `strict` sample (a draft model's
+    c(0) refresh, AutoK.refresh) keeps to the horizon alone: a slower machine moves c(0) at the first refresh.
+    The first sample of a key is provisional (it includes set-up)."""
+
+    window: int = 5
+    horizon: int = 32
+    keep: int = 3
+    samples: dict = field(default_factory=dict)  # key -> [(step, seconds)], oldest first
+    count: dict = field(default_factory=dict)
+    when: dict = field(default_factory=dict)  # key -> the step it was last measured at
+    median: dict = field(default_factory=dict)  # key -> the median of its samples (kept current)
+
+    def observe(self, key, seconds: float, step: int = 0, strict: bool = False) -> None:
+        n = self.count.get(key, 0)
+        self.count[key] = n + 1
+        self.when[key] = step
+        old = [] if n == 1 else self.samples.get(key, [])
+        recent = [x for x in old if x[0] > step - self.horizon]
+        if not strict and len(recent) < self.keep - 1:  # (old is oldest first: its last ones hold every recent one)
+            recent = old[len(old) - self.keep + 1:]
+        self.samples[key] = (recent + [(step, seconds)])[-self.window:]  # (the second sample replaces the first)
+        self._update(key)
+
+    def add_to_last(self, key, seconds: float) -> None:
+        """Charge more time to the newest sample of a key (what a step cost the step after it)."""
+        xs = self.samples.get(key)
+        if xs:
+            xs[-1] = (xs[-1][0], xs[-1][1] + seconds)
+            self._update(key)
+
+    def _update(self, key) -> None:
+        xs = sorted(v for _, v in self.samples[key])
+        n = len(xs)
+        self.median[key] = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+    def get(self, key, estimate: float | None = None) -> float | None:
+        """The measurement; once only measured once, the lower of it and `estimate`."""
+        v = self.median.get(key)
+        if v is None:
+            return estimate
+        if estimate is not None and self.count[key] == 1:
+            return min(v, estimate)
+        return v
+
+    def settled(self, key) -> bool:
+        return self.count.get(key, 0) >= 2
+
+
+class Pricing:
+    """AutoK's prices (its fields: controller.AutoK)."""
+
+    def verify_cost(self, j: int, B: int) -> float | None:
+        """c(j, B): measured, else estimated from the nearest measured bucket (None: c(0) unmeasured here)."""
+        Bb = bucket(B)
+        c0 = self.costs.get(("verify", 0, Bb))
+        if j == 0 or c0 is None or (Bb == 1 and j in self.free_ks):
+            return c0
+        if self.costs.settled(("verify", j, Bb)):
+            return self.costs.get(("verify", j, Bb))
+        estimate = c0 * (1.0 + 0.05 * j) * (Bb if self.row_by_row else 1)
+        near = sorted((abs(math.log2(b) - math.log2(Bb)), b) for (kind, jj, b) in self.costs.median
+                      if kind == "verify" and jj == j and b != Bb and self.costs.get(("verify", 0, b)))
+        if near:
+            b = near[0][1]
+            cj = self.costs.get(("verify", j, b))
+            # row by row: the verify repeats per row; batched on a CPU: each of its extra B x j rows costs what
+            # one did at bucket b (compute-bound: 48 rows cost twice 16; scaling with the target-only step
+            # instead priced a 16-row verify at a third of its cost, and auto explored it); on a GPU, where
+            # extra rows are nearly free, it scales with the target-only step
+            c0b = self.costs.get(("verify", 0, b))
+            if self.row_by_row:
+                estimate = cj * Bb / b
+            elif self.compute_bound:
+                estimate = c0 + max(cj - c0b, 0.0) * Bb / b
+            else:
+                estimate = c0 * cj / c0b
+        return self.costs.get(("verify", j, Bb), estimate)
+
+    def draft_cost(self, k: int, B: int) -> float | None:
+        """d(B) times the passes a k-token draft is expected to run (`passes`)."""
+        d = self.costs.get(("draft", 1, bucket(B)))
+        return None if d is None else d * self.passes(k, B)
+
+    def passes(self, k: int, B: int) -> float:
+        """Expected passes of a k-token chained draft over B rows: each row ends at a near-tie (drafters.py, the
+        margin stop), at rate t per position checked, so pass i runs while some row has not: sum over i of
+        1 - (1 - (1 - t)^(i - 1))^B. k where no tie has been seen (or `price_ties` is off)."""
+        tie, seen = self.ties
+        if not (self.price_ties and tie > 0 and seen > 0):
+            return float(k)
+        go = 1.0 - tie / seen  # a row goes on after a position checked
+        return sum(1.0 - (1.0 - go ** i) ** B for i in range(k))
+
+    def catch_up(self, gap: int, B: int) -> tuple[float, str]:
+        """The cheaper way to show a draft model `gap` committed tokens it missed (the largest gap of the batch's
+        rows; they catch up together) -> (seconds, "pass" | "chunk"): ceil(gap / 2) draft calls that each
+        rewrite two tokens, or ceil(gap / chunk) prefill chunks. Each is costed per call, measured; unmeasured,
+        a call is guessed at one draft pass (it is one or two passes, or the smallest built k's draft) and a chunk
+        at `chunk_guess` passes, and with no draft pass measured at this bucket the choice is made in those
+        units (seconds 0). A call costs about the same whatever it holds: costing a one-token gap per token
+        through a 64-token chunk (42 ms, as measured) made every later gap look dear, and kept a draft model
+        off for the rest of its request. A draft whose cache is copied from the target's: (gap x B x the
+        measured seconds per row-position copied, "copy")."""
+        if gap <= 0:
+            return 0.0, "pass"
+        if self.copy_catch_up:  # a copy of the target's cache rows: measured per row-position copied, at most
+            return gap * B * self.costs.get(("catch_up", "copy", bucket(B)), 0.0), "copy"  # B rows (free unmeasured)
+        Bb, d = bucket(B), self.draft_cost(1, B)
+        unit = 1.0 if d is None else d
+        per_pass = self.costs.get(("catch_up", "pass", Bb), unit)
+        per_chunk = self.costs.get(("catch_up", "chunk", Bb), self.chunk_guess * unit)
+        by_pass, by_chunk = -(-gap // 2) * per_pass, -(-gap // self.chunk) * per_chunk
+        way = "pass" if by_pass <= by_chunk else "chunk"
+        return (0.0 if d is None else min(by_pass, by_chunk)), way
+

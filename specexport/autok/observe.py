@@ -1,0 +1,73 @@
+"""What AutoK learns from a step: its costs (the graph switch charged to the step that caused it), the near-tie
+rate, acceptance per row and source (a draft model's chain in two classes)."""
+
+from __future__ import annotations
+
+from .acceptance import RowAcceptance, RowState
+from .costs import bucket
+
+
+class Observations:
+    """AutoK's measurements (its fields: controller.AutoK)."""
+
+    def observe_costs(self, B: int, j: int, verify_s: float, draft_passes: int = 0, draft_s: float = 0.0,
+                      catch_up_calls: int = 0, catch_up_s: float = 0.0, catch_up_by: str = "pass") -> None:
+        """One step's measured seconds: the verify over j drafts (0: target-only), the draft passes, the
+        catch-up. A target-only step right after a speculative one runs slower (the engine switches graphs:
+        about +10% on the 2-core CPU); that excess is charged to the speculative step that caused it, and c(0)
+        keeps the steady target-only cost."""
+        Bb, t = bucket(B), self.steps
+        if Bb == 1 and j in self.free_ks:  # the target-only step's own graph: a sample of c(0), no switch after it
+            j = 0
+        last, self._last = self._last, (j, Bb)
+        c0 = self.costs.get(("verify", 0, Bb))
+        strict = self.refreshing and j == 0  # a refresh's c(0): past the horizon, the old samples go (Costs)
+        if j == 0 and last[0] and last[1] == Bb and c0 is not None and self.costs.settled(("verify", 0, Bb)):
+            self.costs.add_to_last(("verify", last[0], Bb), max(verify_s - c0, 0.0))
+            if verify_s < c0:  # even after a switch it was faster: c(0) was too high (it is re-measured)
+                self.costs.observe(("verify", 0, Bb), verify_s, t, strict)
+            self.costs.when[("verify", 0, Bb)] = t
+        else:
+            self.costs.observe(("verify", j, Bb), verify_s, t, strict)
+        if draft_passes:
+            self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
+        if catch_up_calls:
+            self.costs.observe(("catch_up", catch_up_by, Bb), catch_up_s / catch_up_calls, t)
+
+    def observe_ties(self, ties: int, checked: int) -> None:
+        """A chained draft checked `checked` draft positions for a near-tie and found `ties`."""
+        if checked <= 0:
+            return
+        keep = self.tie_decay ** checked
+        weight = (1.0 - keep) / (1.0 - self.tie_decay)  # the positions' decayed weights (one step: all alike)
+        self.ties[0] = self.ties[0] * keep + ties / checked * weight
+        self.ties[1] = self.ties[1] * keep + weight
+
+    def observe_chunk(self, B: int, seconds: float) -> None:
+        """A draft-model prefill chunk over B rows (at admission): a sample of a catch-up chunk call."""
+        self.costs.observe(("catch_up", "chunk", bucket(B)), seconds, self.steps)
+
+    def observe_row(self, row: RowState, source: int, n_accepted: int, rejected: bool) -> None:
+        """One row's verified proposal (or a shadow check: n_accepted 1 or rejected)."""
+        row.get(source).observe(n_accepted, rejected, self.model_decay if self.is_model(source) else self.decay)
+        g = self.global_acc.get(source)
+        if g is None:
+            g = self.global_acc[source] = RowAcceptance()
+        g.observe(n_accepted, rejected, 0.99)
+
+    def observe_chain(self, row: RowState, n_accepted: int, proposed: int, tied: bool, rejected: bool) -> None:
+        """A draft model's verified proposal of `proposed` tokens, n accepted (rejected: the verify stopped it).
+        tied: its last draft was a near-tie, where the chain ended; counted apart (`splits`), it teaches a_tie,
+        and the row's own estimate keeps the drafts not at a checked near-tie."""
+        if not (tied and proposed and self.splits()):
+            return self.observe_row(row, 0, n_accepted, rejected)
+        clear = proposed - 1
+        self.observe_row(row, 0, min(n_accepted, clear), rejected and n_accepted < clear)
+        if n_accepted >= clear:
+            self.tie_acc.observe(n_accepted - clear, rejected, 0.99)
+
+    def end_step(self, k: int, rows: list[RowState]) -> None:
+        if k:
+            for r in rows:
+                r.spec_steps += 1
+
