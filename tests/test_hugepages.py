@@ -109,7 +109,7 @@ def test_engine_caches_stay_on_small_pages(engines):
 def test_a_freed_cache_is_no_longer_kept_small():
     # a cache's range is kept small while its memory lives; once the last array over it goes, a new mapping may
     # take the same addresses, and it must be free to take 2 MB pages (stop 43: one full-suite run advised 0 bytes)
-    from specexport.backends.ort_engine import zeroed_host
+    from specexport.backends.ort_memory import zeroed_host
     k, v = zeroed_host([(2, 64, 8), (2, 64, 8)], np.float32)
     lo, hi = hugepages._SMALL[-1]
     assert lo <= k.ctypes.data and v.ctypes.data + v.nbytes <= hi

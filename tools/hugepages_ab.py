@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specexport.backends import ort_engine  # noqa: E402
+from specexport.backends import ort_memory  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main() -> None:
 
     def load(huge: bool) -> SpeculativeDecoder:
         os.environ["SPECEXPORT_HUGEPAGES"] = "1" if huge else "0"
-        ort_engine._CONTAINER = None  # its own pre-packed copy
+        ort_memory._CONTAINER = None  # its own pre-packed copy
         t = time.perf_counter()
         d = SpeculativeDecoder.load(a.engine, max_batch=1, threads=2, drafter=drafter)
         d.generate("Hello there, how are you?", max_new_tokens=8, chat=True, speculative=False)

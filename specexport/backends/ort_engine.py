@@ -1,8 +1,8 @@
 """The onnxruntime backend: the exported step graphs over IOBinding, caches updated in place.
 
-- Weights: `weights.safetensors` is memory-mapped once and every tensor becomes one OrtValue that all of the
-  model's sessions (one per step graph) share through SessionOptions.add_initializer: the weights are in
-  memory once, however many graphs the model has.
+- Weights: `weights.safetensors` is memory-mapped once (ort_memory.py) and every tensor becomes one OrtValue
+  that all of the model's sessions (one per step graph) share through SessionOptions.add_initializer: the
+  weights are in memory once, however many graphs the model has.
 - MLAS pre-packing (`prepack`, default on where the C API loads; quantized layers, MatMulNBits, always
   pre-pack: about 150x slower without) makes multi-token passes (verify over k+1, prefill chunks) cost little
   more than a one-token pass. On the CPU, pre-packing sessions are made through ONNX Runtime's C API
@@ -19,8 +19,8 @@
   (ScatterElements skips its copy when input and output are one buffer). A fused draft of the target's own
   layers (a quantized copy, or a `layers:` draft over the buffers of the target layers it keeps) runs over the
   target's buffers and has none of its own (share_kv; drafters.ModelDrafter.link_kv).
-- Per (graph, batch) one IOBinding, made on first use: outputs bound to preallocated buffers, inputs copied
-  into preallocated OrtValues (`update_inplace`), so a step allocates nothing of its own.
+- Per (graph, batch) one IOBinding, made on first use (ort_binding.py): outputs bound to preallocated
+  buffers, inputs copied into preallocated OrtValues (`update_inplace`), so a step allocates nothing of its own.
 - Graph sets: "portable" (standard ops) or "fused" (ONNX Runtime's fused ops, models/ort_ops.py; the build's
   default). Fused graphs write the caches inside GroupQueryAttention, whose CPU kernel takes multi-token rows
   with a past only at batch 1. A fused target's verify graphs therefore have per-row-attention variants
@@ -54,57 +54,19 @@
 
 from __future__ import annotations
 
-import json
 import os
-import struct
-import threading
-import time
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SpecExportError
-from ..graphs import PER_ROW_MAX, graph_name, row_cache_name, rows_name
+from ..graphs import PER_ROW_MAX, graph_name, rows_name
 from ..models.config import ModelConfig
 from ..sampling import SamplingRows
 from . import hugepages, ort_capi
+from .ort_binding import Binding
+from .ort_memory import container, mmap_safetensors, zeroed_host
 from .row_probe import exact_rows
-
-
-def mmap_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """name -> read-only array view into one memory map of the file (nothing is read until used)."""
-    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "F64": np.float64,
-              "U8": np.uint8}
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    out = {}
-    for name, m in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = m["data_offsets"]
-        out[name] = mm[8 + n + a:8 + n + b].view(dtypes[m["dtype"]]).reshape(m["shape"])
-    return out
-
-
-def zeroed_host(shapes: list[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarray]:
-    """Zeroed arrays over one anonymous memory map (page-aligned each): a page is resident only once written, so
-    a cache costs the positions used, not max_seq_len (np.zeros can take heap memory it must clear: all of it
-    resident), and the whole map goes back to the system when the last array over it goes (OrtEngine.share_kv)."""
-    import mmap
-    if not hasattr(mmap, "MAP_PRIVATE"):  # (Windows)
-        return [np.zeros(shape, dtype) for shape in shapes]
-    page = mmap.PAGESIZE
-    sizes = [-(-int(np.prod(shape)) * np.dtype(dtype).itemsize // page) * page for shape in shapes]
-    mm = mmap.mmap(-1, max(sum(sizes), page), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    hugepages.no_huge(np.frombuffer(mm, np.uint8).ctypes.data, len(mm), mm)  # small pages while it lives (hugepages.py)
-    out, offset = [], 0
-    for shape, size in zip(shapes, sizes):
-        out.append(np.frombuffer(mm, dtype, int(np.prod(shape)), offset).reshape(shape))
-        offset += size
-    return out
 
 
 class OrtEngine:
@@ -192,7 +154,7 @@ class OrtEngine:
             if (preload is True and self.graphs[name].get("rows", 0) <= max_batch) or \
                     (preload is None and self._greedy_graph(name)):  # that a run holds packed weights only for
                 self.session(name)  # the graphs it calls (a variant for more rows than max_batch never runs)
-        self._bindings: dict[tuple[str, int], _Binding] = {}
+        self._bindings: dict[tuple[str, int, int], Binding] = {}
         self.kv_shared = False  # the caches are another engine's (share_kv)
         self.layers = entry.get("layers")  # a layers: draft: the target layer each of its layers is
 
@@ -284,7 +246,7 @@ class OrtEngine:
         for name, theirs in self._shared_names.items():
             so.add_initializer(name, self._weight_value(name, theirs))
         if self.capi:
-            return ort_capi.Session(path, so, _container())
+            return ort_capi.Session(path, so, container())
         return self.ort.InferenceSession(path, so, providers=self.providers)
 
     def session(self, name: str):
@@ -333,11 +295,11 @@ class OrtEngine:
             self._key_pos_values[L] = ort_capi.Value(self.key_pos[:L])
         return self._key_pos_values[L]
 
-    def _binding(self, name: str, B: int, row0: int = 0) -> "_Binding":
+    def _binding(self, name: str, B: int, row0: int = 0) -> "Binding":
         key = (name, B, row0)
         if key not in self._bindings:
             assert row0 + B <= self.max_batch, f"rows {row0}..{row0 + B - 1} exceed max_batch {self.max_batch}"
-            self._bindings[key] = _Binding(self, name, B, row0, graph_id=len(self._bindings) + 1)
+            self._bindings[key] = Binding(self, name, B, row0, graph_id=len(self._bindings) + 1)
         return self._bindings[key]
 
     def _run(self, name: str, B: int, inputs: dict, kv_len: int, row0: int = 0) -> list[np.ndarray]:
@@ -469,24 +431,6 @@ class OrtEngine:
         return out[0], out[1], out[2]
 
 
-_CONTAINER = None  # a weak reference: the sessions own the container (ort_capi.Session keeps it)
-_CONTAINER_LOCK = threading.Lock()
-
-
-def _container():
-    """The pre-packed weights container that every live C API session shares: engines alive at once share one
-    packed copy of each weight. It lives as long as a session made with it (each session holds it), so freeing
-    the last engine frees the packed copies. Before stop 44 it lived as long as the process: after an fp32
-    SmolLM2 decoder was freed, 0.8 GB stayed resident (and grew with each other engine loaded)."""
-    global _CONTAINER
-    with _CONTAINER_LOCK:
-        c = _CONTAINER() if _CONTAINER is not None else None
-        if c is None or c._h is None:  # (one being released in another thread: its weak reference still answers)
-            c = ort_capi.PrepackedWeightsContainer()
-            _CONTAINER = weakref.ref(c)
-        return c
-
-
 def _sampling(s: SamplingRows) -> dict:
     return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, greedy=s.greedy)
 
@@ -505,106 +449,3 @@ def _one_hot(tokens: np.ndarray, V: int) -> np.ndarray:  # [B, k] -> [B, k, V] f
     out = np.zeros((*tokens.shape, V), np.float32)
     np.put_along_axis(out, tokens[..., None], 1.0, -1)
     return out
-
-
-class _Binding:
-    """One step graph at one batch size: its IOBinding, its input OrtValues and its output buffers."""
-
-    def __init__(self, eng: OrtEngine, name: str, B: int, row0: int, graph_id: int):
-        ort = eng.ort
-        # the engine holds its bindings: a weak reference back, so that freeing a decoder frees its sessions and
-        # packed weights at once (a cycle waited for a garbage collection)
-        self.eng, self.name, self.B = weakref.proxy(eng), name, B
-        self.sess = eng.session(name)
-        self.io = self.sess.io_binding()
-        spec = eng.graphs[name]
-        base = eng.graphs[spec["of"]] if spec.get("rows") else spec  # a per-row variant takes its graph's inputs
-        n_kv = 2 * eng.config.num_layers
-        dev = "cuda" if eng.device == "cuda" else "cpu"
-        self.on_cuda = dev == "cuda"
-        cfg = eng.config
-        kv_shape = [B, cfg.num_kv_heads, eng.cache_len, cfg.head_dim]
-
-        self.capi = eng.capi
-
-        def value(host: np.ndarray, output: bool = False):  # a value over host (on cuda: a device copy)
-            if self.capi:
-                return ort_capi.Value(host, writeable=output)
-            if dev == "cuda":
-                return ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
-            return ort.OrtValue.ortvalue_from_numpy(host)
-
-        bind_in, bind_out = ((self.io.bind_input, self.io.bind_output) if self.capi
-                             else (self.io.bind_ortvalue_input, self.io.bind_ortvalue_output))
-        row_bytes = int(np.prod(kv_shape[1:])) * eng.kv_dtype.itemsize  # rows row0.. of [max_batch, Hkv, S, D]
-        # the caches come last: n_kv of [B, Hkv, S, D], or in a per-row variant B of [1, Hkv, S, D] per cache,
-        # `key.{layer}.{row}` (rows inner): each bound to its cache rows, as both input and output
-        caches = [(i[0], o[0]) for i, o in zip(base["inputs"][-n_kv:], base["outputs"][-n_kv:])]
-        parts = [(row_cache_name(i, r), row_cache_name(o, r), j, row0 + r, 1) for j, (i, o) in enumerate(caches)
-                 for r in range(B)] if spec.get("rows") else [(i, o, j, row0, B) for j, (i, o) in enumerate(caches)]
-        for i_name, o_name, j, first, n in parts:
-            if self.capi:  # the cache rows as both input and output: written in place
-                rows = value(eng._kv_np[j][first:first + n], output=True)
-                bind_in(i_name, rows)
-                bind_out(o_name, rows)
-                continue
-            ptr = eng.kv[j].data_ptr() + first * row_bytes
-            self.io.bind_input(i_name, dev, 0, eng.kv_dtype, [n] + kv_shape[1:], ptr)
-            self.io.bind_output(o_name, dev, 0, eng.kv_dtype, [n] + kv_shape[1:], ptr)
-        self.keep = []  # OrtValues bound once must outlive the binding
-        self.inputs = {}  # name -> (OrtValue, host staging array) for the step's small inputs, key_pos aside
-        for i_name, dtype, dims in base["inputs"][:-n_kv]:
-            if i_name == "key_pos":
-                continue
-            host = np.zeros([B if d == "B" else d for d in dims], np.dtype(dtype))
-            v = value(host)
-            bind_in(i_name, v)
-            self.inputs[i_name] = (v, host)
-        self.outputs = []  # (OrtValue, host array) per step output, in the step's order
-        for o_name, dtype, dims in base["outputs"][:-n_kv]:
-            shape = [B if d == "B" else d for d in dims]
-            host = np.zeros(shape, np.dtype(dtype))
-            v = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0) if dev == "cuda" \
-                else value(host, output=True)
-            bind_out(o_name, v)
-            self.outputs.append((v, host))
-        if self.capi:
-            self._call = self.io.run
-            return
-        self.run_options = ort.RunOptions()
-        # on CPU the C++ call directly: the Python wrapper's graph-capture checks cost ~0.1 ms per run (an
-        # exception from get_run_config_entry when gpu_graph_id is unset), 1-2% of a small model's step
-        c_sess, c_io = getattr(self.sess, "_sess", None), getattr(self.io, "_iobinding", None)
-        sess, io, ro = self.sess, self.io, self.run_options  # (locals, not self: no reference cycle)
-        self._call = (lambda: c_sess.run_with_iobinding(c_io, ro)) if dev == "cpu" and c_sess \
-            and c_io is not None else (lambda: sess.run_with_iobinding(io, ro))
-        if dev == "cuda":
-            self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
-            self._bind_once("key_pos", eng.key_pos, value)  # full S: every replay has the same shapes
-
-    def _bind_once(self, name: str, host: np.ndarray, value) -> None:
-        v = value(host)
-        self.io.bind_ortvalue_input(name, v)
-        self.keep.append((v, host))
-
-    def run(self, inputs: dict, kv_len: int) -> list[np.ndarray]:
-        missing = set(self.inputs) - set(inputs)  # (an input the step does not read was pruned by the export)
-        assert not missing, f"{self.name}: inputs {sorted(missing)} not given"
-        for name, (value, host) in self.inputs.items():
-            arr = inputs[name]
-            if arr.shape != host.shape:
-                raise AssertionError(f"{self.name}: input {name} has shape {arr.shape}, the graph takes {host.shape}")
-            if self.on_cuda:
-                value.update_inplace(np.ascontiguousarray(arr, dtype=host.dtype))
-            else:
-                np.copyto(host, arr, casting="same_kind")
-        if self.capi:  # attention reads only the first kv_len cache positions
-            self.io.bind_input("key_pos", self.eng.key_pos_value(kv_len))
-        elif not self.on_cuda:
-            self.io.bind_input("key_pos", "cpu", 0, np.int64, [kv_len], self.eng.key_pos.ctypes.data)
-        t0 = time.perf_counter()
-        self._call()
-        self.eng.busy_s += time.perf_counter() - t0
-        if self.on_cuda:
-            return [v.numpy() for v, _ in self.outputs]
-        return [host for _, host in self.outputs]
