@@ -122,7 +122,8 @@ Rule
     a draft that does not pay, see tests/test_autok.py).
   Costs are the median of the last 5 samples within 32 steps of the newest (a passing stall moves a median
   less than a moving average, and an old sample does not outvote a new one), but of no fewer than the last 3
-  (a width run rarely is not set by one stall until it runs again). A target-only step right after
+  (a width run rarely is not set by one stall until it runs again); of an even number, the lower middle one
+  (a stall only slows a step). A target-only step right after
   a speculative one is slower (the engine switches graphs); the excess is charged to the speculative step.
   Where the batch-1 target-only step is itself a k = 1 verify (`free_ks`: a CPU whose one-row linears round
   otherwise, backends/row_probe.py), k = 1 at batch 1 costs c(0) by definition and its steps are c(0)'s samples
@@ -135,6 +136,11 @@ Rule
   every step without a match). The first pays the graph switch (charged to the step before it, above), so
   only the second can raise c(0). With one step every 32, c(0) could only fall: over the fp32 SmolLM2
   target, three decoders on one engine in one run came to price c(8) at 1.55, 1.61 and 2.34 c(0) (stop 46).
+  The second is then c(0)'s only sample (a refresh drops the older ones, so that a slower machine is followed
+  at once), and one stall there set c(0) for 64 steps (stop 48: 41.7 ms against 22, so a k = 8 verify looked
+  cheaper than a target-only step). So where it lands more than `refresh_tol` (10%) from the c(0) believed, one
+  more target-only step checks it, and c(0) is the lower of the two: a stall is outvoted, a real change of
+  speed measures the same twice.
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
 mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence is
 thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:

@@ -42,6 +42,9 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     # clean sample of c(0), up or down (with one, c(0) could only fall: a slower machine kept its old, low c(0))
     refresh_left: int = 0  # target-only steps of the refresh in progress still to run (dropped if another step
     # comes between: a lookup step, drafting off; the next refresh is due `refresh` steps after its first)
+    refresh_tol: float = 0.1  # a refresh's clean sample this far from the c(0) believed is checked by one more step
+    refresh_ref: float = 0.0  # c(0) when the refresh in progress started
+    refresh_confirmed: bool = False  # the refresh in progress has run its check step
     chunk: int = 64  # C: the draft model's prefill chunk (a catch-up may run through it)
     whole_matches: bool = True  # hybrid: where the model pays, lookup's matches are verified whole (free_width)
     margin: float = 0.05  # model error guard: lookup's tokens over a step's must beat a verify's extra time by

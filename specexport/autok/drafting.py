@@ -49,7 +49,8 @@ class ModelPlan:
         free: this step's proposals cost no pass (default: the drafter's kind; a hybrid step where every row
         matched lookup)."""
         self.steps += 1
-        left = self.refresh_left if self.refreshing else 0  # a refresh goes on only right after its own steps
+        was = self.refreshing  # a refresh goes on only right after its own steps
+        left = self.refresh_left if was else 0
         self.refreshing, self.refresh_left = False, 0
         if self.free_drafts if free is None else free:
             return max(self.ks)
@@ -77,12 +78,29 @@ class ModelPlan:
         if best:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
-            if left or self.steps - self.costs.when.get(("verify", 0, bucket(B)), 0) >= self.refresh:
-                self.refresh_left = (left or self.refresh_steps) - 1
+            key = ("verify", 0, bucket(B))
+            confirm = was and not left and self._refresh_moved(key)
+            if left or confirm or self.steps - self.costs.when.get(key, 0) >= self.refresh:
+                if left or confirm:
+                    self.refresh_left = max(left - 1, 0)
+                    self.refresh_confirmed |= confirm
+                else:  # a refresh starts: what its clean sample is checked against
+                    self.refresh_left, self.refresh_ref, self.refresh_confirmed = self.refresh_steps - 1, c0, False
                 self.refreshing = True  # (a hybrid then runs no lookup step instead: batch.py)
                 return 0  # the reference cost is stale: re-measure it (drafting compares against it)
             return best
         return self._maybe_probe(B, rows, kmin, c0, catch_up)
+
+    def _refresh_moved(self, key) -> bool:
+        """Did the refresh's last step (the step before this one) measure c(0) more than `refresh_tol` away from
+        what it was believed to be? Then one more target-only step (once per refresh), and c(0) is the lower of the
+        two (Costs: the lower middle): a stall in the one clean sample set c(0) for the next `refresh` steps
+        (seen: 41.7 ms against 22 ms, so a k = 8 verify looked cheaper than a target-only step for 64 steps),
+        while a machine that really changed speed measures the same twice."""
+        xs = self.costs.samples.get(key)
+        if self.refresh_confirmed or not xs or xs[-1][0] != self.steps - 1 or not self.refresh_ref:
+            return False
+        return abs(xs[-1][1] / self.refresh_ref - 1.0) > self.refresh_tol
 
     def expects_drafting(self, B: int, missing: int = 0) -> bool:
         """Should a new request's prompt be prefilled into the draft at admission (a draft model)? Yes unless
