@@ -13,8 +13,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, QuantSpec,
-                     SamplingParams, is_quant_spec)
+from .bench.engines import BENCH_DRAFTS, VERSUS_ENGINES, bench_engine, versus_engine
+from .config import ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, SamplingParams
 from .errors import SpecExportError
 
 
@@ -207,63 +207,6 @@ def cmd_openai(a) -> int:
 
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
-BENCH_DRAFTS = ("quant:int8:b128:asym", "quant:int4:b32:asym")
-
-
-def _bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) -> str:
-    """An engine folder for one drafter (reused when its manifest already matches), built for batch 1."""
-    from .export.build import build
-    name = QuantSpec.parse(spec).name if is_quant_spec(spec) else spec
-    out = folder / name.replace(":", "-")
-    m = _current_manifest(out)
-    if m:
-        if m.get("ks") == sorted(ks) and m["models"].get("draft", {}).get("source") == name and m["max_batch"] == 1 \
-                and m.get("weights") == "dequantized":
-            return str(out)
-    print(f"[bench] building the engine for draft {name} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
-    build(BuildConfig(draft=spec, ks=ks, max_seq_len=1024, max_batch=1, sampling=False, dtype="fp32", out=str(out)),
-          progress)  # the fp32 target, as before (the GGUF-as-stored target is `bench --peers`' se-gguf)
-    return str(out)
-
-
-VERSUS_ENGINES = {"se-fp32": dict(dtype="fp32"), "se-gguf": {}, "se-int4": dict(target_quant="int4:b32:sym"),
-                  "se-gguf-fp32act": dict(activations="fp32"),
-                  # the fp32 target with the int8 copy as its draft: the hybrid (lookup + the copy over the
-                  # target's cache), the fastest lossless fp32 mode
-                  "se-fp32-int8": dict(dtype="fp32", draft="quant:int8:b128:asym")}
-
-
-def _current_manifest(out: Path) -> dict | None:
-    """The manifest of an engine folder the benchmarks may reuse: one this code would build the same way
-    (its `graph_code` fingerprint matches); None when absent or built by other code."""
-    from .manifest import MANIFEST, graph_code
-    if not (out / MANIFEST).exists():
-        return None
-    m = json.loads((out / MANIFEST).read_text())
-    if m.get("graph_code") != graph_code():
-        print(f"[bench] {out} was built by other graph code: rebuilding it", file=sys.stderr)
-        return None
-    return m
-
-
-def _versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
-    """One of the peer comparison's engines of the default model (reused when its manifest matches)."""
-    from .export.build import build
-    opts = VERSUS_ENGINES[label]
-    cfg = BuildConfig(ks=ks, max_seq_len=1024, max_batch=1, sampling=False, out=str(folder / label), **opts)
-    out = folder / label
-    m = _current_manifest(out)
-    if m:
-        draft = m["models"].get("draft", {}).get("source", PROMPT_LOOKUP)
-        if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations"), m.get("target_quant"),
-                draft) == (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations,
-                           cfg.target_quant, cfg.draft):
-            return str(out)
-    print(f"[bench] building {label} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
-    build(cfg, True)
-    return str(out)
-
-
 def cmd_versus(a, prompts: str, ks: tuple[int, ...]) -> int:
     from .bench.versus import VersusConfig, check_peers, run_versus, write_versus
     from .models.loading import default_model_path
@@ -272,7 +215,7 @@ def cmd_versus(a, prompts: str, ks: tuple[int, ...]) -> int:
         lookup = tuple(int(x) for x in a.lookup.split(",") if x)
     except ValueError:
         raise SpecExportError(f"--lookup takes draft lengths, e.g. 4 or 4,10; got {a.lookup!r}") from None
-    engines = {label: _versus_engine(label, ks, Path(a.engines_dir)) for label in VERSUS_ENGINES}
+    engines = {label: versus_engine(label, ks, Path(a.engines_dir)) for label in VERSUS_ENGINES}
     cfg = VersusConfig(prompts=prompts, engines=engines, gguf=default_model_path(), peers=peers, lookup=lookup,
                        max_new_tokens=a.max_new_tokens, per_category=a.per_category, reps=a.reps,
                        threads=a.threads or 2, hf=a.hf != "none")
@@ -318,7 +261,7 @@ def cmd_bench(a) -> int:
         return cmd_versus(a, prompts, ks)
     if a.clients:
         return cmd_load(a, prompts)
-    engines = a.engine or [_bench_engine(d, ks, Path(a.engines_dir), True)
+    engines = a.engine or [bench_engine(d, ks, Path(a.engines_dir), True)
                            for d in (x for x in a.drafts.split(",") if x)]
     hf = () if a.hf == "none" else tuple(x for x in a.hf.split(",") if x)
     unknown = set(hf) - {"generate", "prompt_lookup", "assistant_int8"}

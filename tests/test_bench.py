@@ -166,13 +166,13 @@ def test_benchmarks_rebuild_engines_built_by_other_graph_code(tmp_path, capsys):
     """`bench` reuses an engine folder only when the code that builds graphs is unchanged (the manifest's
     graph_code), so a benchmark never times graphs an older build wrote."""
     import json
-    from specexport.cli import _current_manifest
+    from specexport.bench.engines import current_manifest
     from specexport.manifest import graph_code
-    assert _current_manifest(tmp_path) is None
+    assert current_manifest(tmp_path) is None
     (tmp_path / "manifest.json").write_text(json.dumps({"graph_code": graph_code(), "ks": [2]}))
-    assert _current_manifest(tmp_path)["ks"] == [2]
+    assert current_manifest(tmp_path)["ks"] == [2]
     (tmp_path / "manifest.json").write_text(json.dumps({"graph_code": "0" * 16, "ks": [2]}))
-    assert _current_manifest(tmp_path) is None
+    assert current_manifest(tmp_path) is None
     assert "built by other graph code" in capsys.readouterr().err
     assert len(graph_code()) == 16 and graph_code() == graph_code()
     # ... and it fingerprints the graph-building sources themselves (a moved module must not leave it hashing none)
