@@ -13,9 +13,9 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .bench.engines import BENCH_DRAFTS, VERSUS_ENGINES, bench_engine, versus_engine
 from .config import ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, BuildConfig, DecoderConfig, SamplingParams
 from .errors import SpecExportError
+from .export.bench_engines import BENCH_DRAFTS, VERSUS_ENGINES, bench_engine, versus_engine
 
 
 def _defaults(cls) -> dict:

@@ -166,7 +166,7 @@ def test_benchmarks_rebuild_engines_built_by_other_graph_code(tmp_path, capsys):
     """`bench` reuses an engine folder only when the code that builds graphs is unchanged (the manifest's
     graph_code), so a benchmark never times graphs an older build wrote."""
     import json
-    from specexport.bench.engines import current_manifest
+    from specexport.export.bench_engines import current_manifest
     from specexport.manifest import graph_code
     assert current_manifest(tmp_path) is None
     (tmp_path / "manifest.json").write_text(json.dumps({"graph_code": graph_code(), "ks": [2]}))

@@ -7,5 +7,4 @@ report.py  per-category and geometric-mean tables, Leviathan's predicted speedup
 load.py    bench --clients: throughput and latency under load (the continuous batcher)
 peers.py, versus.py  bench --peers: llama.cpp and ONNX Runtime GenAI on the same model, side by side
 replay.py  k="auto" and fixed k replayed over a recorded trace, without the machine's noise
-engines.py the engine folders the benchmarks build once and reuse (bench --drafts, bench --peers)
 """

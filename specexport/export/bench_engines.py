@@ -16,7 +16,7 @@ BENCH_DRAFTS = ("quant:int8:b128:asym", "quant:int4:b32:asym")
 
 def bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) -> str:
     """An engine folder for one drafter (reused when its manifest already matches), built for batch 1."""
-    from ..export.build import build
+    from .build import build
     name = QuantSpec.parse(spec).name if is_quant_spec(spec) else spec
     out = folder / name.replace(":", "-")
     m = current_manifest(out)
@@ -52,7 +52,7 @@ def current_manifest(out: Path) -> dict | None:
 
 def versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
     """One of the peer comparison's engines of the default model (reused when its manifest matches)."""
-    from ..export.build import build
+    from .build import build
     opts = VERSUS_ENGINES[label]
     cfg = BuildConfig(ks=ks, max_seq_len=1024, max_batch=1, sampling=False, out=str(folder / label), **opts)
     out = folder / label
