@@ -379,25 +379,13 @@ class Batch:
                 for tally, v in ((st.drafted_by, proposed), (st.accepted_by, n), (st.rejected_by, int(n < proposed)),
                                  (st.steps_by, 1)):
                     tally[by] = tally.get(by, 0) + v
-            if self.auto is not None:
-                if proposed and ho is not None:  # each part counts for its own source
-                    j = ho[0]
-                    self.auto.observe_row(self.acc[b], 0, min(n, j), n < j)
-                    if n >= j:
-                        self.auto.observe_row(self.acc[b], ho[1], n - j, n < proposed)
-                elif proposed and tied is not None and source[b] == 0:  # the model's chain
-                    self.auto.observe_chain(self.acc[b], n, proposed, bool(tied[b]), n < proposed)
-                elif proposed:
-                    self.auto.observe_row(self.acc[b], source[b], n, n < proposed)
-                elif shadow is not None and shadow[1][b]:  # a proposal not verified: did the target pick it?
-                    hit = toks[0] == shadow[0][b]
-                    self.auto.observe_row(self.acc[b], source[b], int(hit), not hit)
-                if unused is not None and unused[b]:  # as far as the committed tokens go (a one-hot draft's
-                    m = _matched(unused[b], toks)      # token is accepted with P(the target's token = it))
-                    self.auto.observe_row(self.acc[b], lk.source[b], m, m < min(len(unused[b]), len(toks)))
-                if cut is not None and cut[b] is not None and n == proposed:  # the first cut lookup token
-                    hit = toks[n] == cut[b][0]
-                    self.auto.observe_row(self.acc[b], cut[b][1], int(hit), not hit)
+            if self.auto is not None:  # what the step shows of each proposal source's acceptance
+                self.auto.observe_verify(
+                    self.acc[b], toks, n, proposed, source[b], handover=ho,
+                    tied=bool(tied[b]) if tied is not None else None,
+                    shadow=shadow[0][b] if shadow is not None and shadow[1][b] else None,
+                    unused=unused[b] if unused is not None else None, unused_source=lk.source[b] if lk else 0,
+                    cut=cut[b] if cut is not None else None)
             taken = r.commit(toks)
             self.history[b, self.lengths[b]:self.lengths[b] + len(taken)] = taken
             self.lengths[b] += len(taken)
@@ -430,14 +418,6 @@ class Batch:
             if self.reqs[b].finish_reason is not None:
                 self._release(b)
         return events
-
-
-def _matched(draft: list[int], committed: list[int]) -> int:
-    """How many leading draft tokens the committed tokens repeat."""
-    m = 0
-    while m < min(len(draft), len(committed)) and draft[m] == committed[m]:
-        m += 1
-    return m
 
 
 def _cut(p: Proposal, k: int) -> Proposal:

@@ -148,8 +148,8 @@ a request's own trials also feed the running estimate that is its prior, so for 
 upper bound's evidence is overstated (by up to 2x in trials).
 """
 
-from .acceptance import RowAcceptance, RowState, acceptance_mle, expected_tokens
+from .acceptance import RowAcceptance, RowState, acceptance_mle, expected_tokens, matched
 from .controller import AutoK
 from .costs import Costs, bucket
 
-__all__ = ["AutoK", "Costs", "RowAcceptance", "RowState", "acceptance_mle", "bucket", "expected_tokens"]
+__all__ = ["AutoK", "Costs", "RowAcceptance", "RowState", "acceptance_mle", "bucket", "expected_tokens", "matched"]

@@ -57,6 +57,16 @@ class RowState:
         return acc
 
 
+def matched(draft: list[int], committed: list[int]) -> int:
+    """How many leading draft tokens the committed tokens repeat (a one-hot draft's acceptance at greedy)."""
+    n = 0
+    for a, b in zip(draft, committed):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 def _stderr(a: float, n: float) -> float:
     """The standard error of an acceptance estimate a over n (effective) trials."""
     return math.sqrt(a * (1 - a) / (n + 1))

@@ -3,7 +3,7 @@ rate, acceptance per row and source (a draft model's chain in two classes)."""
 
 from __future__ import annotations
 
-from .acceptance import RowAcceptance, RowState
+from .acceptance import RowAcceptance, RowState, matched
 from .costs import bucket
 
 
@@ -65,6 +65,39 @@ class Observations:
         self.observe_row(row, 0, min(n_accepted, clear), rejected and n_accepted < clear)
         if n_accepted >= clear:
             self.tie_acc.observe(n_accepted - clear, rejected, 0.99)
+
+    def observe_verify(self, row: RowState, toks: list[int], n: int, proposed: int, source: int,
+                       full: float | None = None, handover: tuple[int, int] | None = None, tied: bool | None = None,
+                       shadow: int | None = None, unused: list[int] | None = None, unused_source: int = 0,
+                       cut: tuple[int, int] | None = None) -> None:
+        """What one row's step shows (batch.Batch.step, and bench/replay.py the same way): toks, the tokens the
+        target committed; n of the `proposed` drafts (from `source`) accepted; full, how many of them the target
+        would accept (n; a replay at a request's end, inf: not known to be rejected).
+        - handover (j, s): the model's j tokens, then lookup's from source s: each part counts for its own source;
+        - tied (the model's chain ran: did it end at a near-tie?): `observe_chain`;
+        - shadow: a proposal's first token that was not verified (a target-only step): did the target pick it?
+        - unused: the lookup proposal (source unused_source) a row dropped for the model's: as far as the
+          committed tokens go (a one-hot draft's token is accepted with P(the target's token = it));
+        - cut (token, source): the first lookup token cut from a handover, where the verify reached it."""
+        full = n if full is None else full
+        if proposed and handover is not None:
+            j, s = handover
+            self.observe_row(row, 0, min(n, j), full < j)
+            if n >= j:
+                self.observe_row(row, s, n - j, full < proposed)
+        elif proposed and tied is not None and source == 0:
+            self.observe_chain(row, n, proposed, tied, full < proposed)
+        elif proposed:
+            self.observe_row(row, source, n, full < proposed)
+        elif shadow is not None:
+            hit = toks[0] == shadow
+            self.observe_row(row, source, int(hit), not hit)
+        if unused:
+            m = matched(unused, toks)
+            self.observe_row(row, unused_source, m, m < min(len(unused), len(toks)))
+        if cut is not None and n == proposed and n < len(toks):
+            hit = toks[n] == cut[0]
+            self.observe_row(row, cut[1], int(hit), not hit)
 
     def end_step(self, k: int, rows: list[RowState]) -> None:
         if k:

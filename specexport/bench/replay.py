@@ -33,21 +33,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..autok import AutoK, RowState
+from ..autok import AutoK, RowState, matched
 from ..drafters import PromptLookupDrafter, hand_over, near_tie
 from ..errors import SpecExportError
 
 KINDS = ("lookup", "model", "hybrid")
-
-
-def matched(draft: list[int], out: list[int]) -> int:
-    """How many leading draft tokens equal the target's (greedy acceptance)."""
-    n = 0
-    for a, b in zip(draft, out):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 @dataclass
@@ -162,24 +152,9 @@ class Replay:
             dt = passes * self.d * nd if ran else 0.0
             if auto is not None:
                 known = full < len(out) - i  # a match to the end of the recorded tokens: not known to be rejected
-                if L and ho is not None:  # the model's part, then lookup's (batch.py)
-                    auto.observe_row(row, 0, min(n, ho[0]), full < ho[0] and known)
-                    if n >= ho[0]:
-                        auto.observe_row(row, ho[1], n - ho[0], full < L and known)
-                elif L and ran and source == 0:  # the model's chain (a near-tie ended it where ties[0])
-                    auto.observe_chain(row, n, L, ties[0] > 0, full < L and known)
-                elif L:
-                    auto.observe_row(row, source, n, full < L and known)
-                elif shadow is not None:
-                    hit = shadow == out[i]
-                    auto.observe_row(row, source, int(hit), not hit)
-                if unused:
-                    toks = out[i:i + n + 1]
-                    m = matched(unused, toks)
-                    auto.observe_row(row, src, m, m < min(len(unused), len(toks)))
-                if cut is not None and n == L and i + n < len(out):  # the first cut lookup token (batch.py)
-                    hit = cut[0] == out[i + n]
-                    auto.observe_row(row, cut[1], int(hit), not hit)
+                auto.observe_verify(row, out[i:i + n + 1], n, L, source, full=full if known else math.inf,
+                                    handover=ho, tied=ties[0] > 0 if ran else None, shadow=shadow, unused=unused,
+                                    unused_source=src, cut=cut)
                 auto.observe_costs(1, kd, vt, passes if ran else 0, dt)
                 if ties[1]:
                     auto.observe_ties(*ties)
