@@ -136,11 +136,13 @@ Rule
   every step without a match). The first pays the graph switch (charged to the step before it, above), so
   only the second can raise c(0). With one step every 32, c(0) could only fall: over the fp32 SmolLM2
   target, three decoders on one engine in one run came to price c(8) at 1.55, 1.61 and 2.34 c(0) (stop 46).
-  The second is then c(0)'s only sample (a refresh drops the older ones, so that a slower machine is followed
-  at once), and one stall there set c(0) for 64 steps (stop 48: 41.7 ms against 22, so a k = 8 verify looked
-  cheaper than a target-only step). So where it lands more than `refresh_tol` (10%) from the c(0) believed, one
-  more target-only step checks it, and c(0) is the lower of the two: a stall is outvoted, a real change of
-  speed measures the same twice.
+  A refresh drops c(0)'s older samples (so that a slower machine is followed at once), so its second step is
+  often c(0)'s only sample until the next refresh, and one stall there set c(0) for 64 steps. Where it lands
+  more than `refresh_tol` (10%) from the c(0) believed before it, one more target-only step checks it (at the
+  next step the model drafts, if lookup steps come first), and c(0) is the median of the refresh's samples, of
+  two the lower (Costs, strict): a stall is outvoted, a real change of speed measures the same twice. Stop 48
+  saw a refresh's c(0) of 22.4 and 41.7 ms read 32.1 (their mean), where every step ran about 22: a k = 8
+  verify looked cheaper than a target-only step for 64 steps.
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
 mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence is
 thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:

@@ -42,9 +42,10 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     # clean sample of c(0), up or down (with one, c(0) could only fall: a slower machine kept its old, low c(0))
     refresh_left: int = 0  # target-only steps of the refresh in progress still to run (dropped if another step
     # comes between: a lookup step, drafting off; the next refresh is due `refresh` steps after its first)
-    refresh_tol: float = 0.1  # a refresh's clean sample this far from the c(0) believed is checked by one more step
-    refresh_ref: float = 0.0  # c(0) when the refresh in progress started
-    refresh_confirmed: bool = False  # the refresh in progress has run its check step
+    refresh_tol: float = 0.1  # a refresh's last sample this far from the c(0) believed is checked by one more step
+    refresh_ref: float = 0.0  # c(0) before the refresh's last step (what its sample is checked against)
+    refresh_last: int = 0  # the step stamp of the last refresh's last step
+    refresh_checked: bool = False  # the last refresh has run its check step
     chunk: int = 64  # C: the draft model's prefill chunk (a catch-up may run through it)
     whole_matches: bool = True  # hybrid: where the model pays, lookup's matches are verified whole (free_width)
     margin: float = 0.05  # model error guard: lookup's tokens over a step's must beat a verify's extra time by
@@ -64,3 +65,8 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     interval: int = 0
     steps: int = 0
     _last: tuple = (0, 0)  # (j, bucket) of the last observed step
+
+    def __post_init__(self):
+        if self.refresh_steps < 1:
+            raise ValueError(f"AutoK.refresh_steps is {self.refresh_steps}: a refresh runs at least one target-only "
+                             "step (2, the default, gives a clean sample of c(0))")

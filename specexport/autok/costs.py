@@ -12,7 +12,6 @@ def bucket(B: int) -> int:
     return 1 << max(B - 1, 0).bit_length()
 
 
-
 @dataclass
 class Costs:
     """Measured seconds per key: the median of the last `window` samples taken within `horizon` steps of the
@@ -21,10 +20,11 @@ class Costs:
     sample, so one stall does not make it look dear until it is run again (stop 47: prompt lookup ended a run
     believing c(4) = 2.45 c(0), where fixed k = 4 ran 1.08 c(0) a step). A `strict` sample (a draft model's
     c(0) refresh, AutoK.refresh) keeps to the horizon alone: a slower machine moves c(0) at the first refresh.
-    The first sample of a key is provisional (it includes set-up). Of an even number of samples the median is the
-    lower middle one: noise on a step's time is mostly one-sided (a stall slows a step, nothing makes it faster
-    than its work), and the mean of two, one a stall, is half a stall (stop 48: a refresh's c(0) of 22.4 and
-    41.7 ms read 32.1)."""
+    The first sample of a key is provisional (it includes set-up). A strict sample's median of an even number of
+    samples is the lower middle one, not the mean of the two: a refresh holds one to three samples of c(0), a stall
+    only slows a step, and the mean of two, one a stall, is half a stall (stop 48: a refresh's 22.4 and 41.7 ms
+    read 32.1). Elsewhere the mean stays: half of a width's samples may carry a graph switch's charge (AutoK's
+    observe_costs), which is a cost, not noise."""
 
     window: int = 5
     horizon: int = 32
@@ -43,7 +43,7 @@ class Costs:
         if not strict and len(recent) < self.keep - 1:  # (old is oldest first: its last ones hold every recent one)
             recent = old[len(old) - self.keep + 1:]
         self.samples[key] = (recent + [(step, seconds)])[-self.window:]  # (the second sample replaces the first)
-        self._update(key)
+        self._update(key, low=strict)
 
     def add_to_last(self, key, seconds: float) -> None:
         """Charge more time to the newest sample of a key (what a step cost the step after it)."""
@@ -52,9 +52,10 @@ class Costs:
             xs[-1] = (xs[-1][0], xs[-1][1] + seconds)
             self._update(key)
 
-    def _update(self, key) -> None:
+    def _update(self, key, low: bool = False) -> None:
         xs = sorted(v for _, v in self.samples[key])
-        self.median[key] = xs[(len(xs) - 1) // 2]  # of an even count the lower middle: a stall only slows a step
+        n = len(xs)
+        self.median[key] = xs[(n - 1) // 2] if low or n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
     def get(self, key, estimate: float | None = None) -> float | None:
         """The measurement; once only measured once, the lower of it and `estimate`."""

@@ -49,8 +49,7 @@ class ModelPlan:
         free: this step's proposals cost no pass (default: the drafter's kind; a hybrid step where every row
         matched lookup)."""
         self.steps += 1
-        was = self.refreshing  # a refresh goes on only right after its own steps
-        left = self.refresh_left if was else 0
+        left = self.refresh_left if self.refreshing else 0  # a refresh goes on only right after its own steps
         self.refreshing, self.refresh_left = False, 0
         if self.free_drafts if free is None else free:
             return max(self.ks)
@@ -79,26 +78,30 @@ class ModelPlan:
             self.off_steps = self.off_seconds = 0
             self.interval = self.probe_every
             key = ("verify", 0, bucket(B))
-            confirm = was and not left and self._refresh_moved(key)
-            if left or confirm or self.steps - self.costs.when.get(key, 0) >= self.refresh:
-                if left or confirm:
-                    self.refresh_left = max(left - 1, 0)
-                    self.refresh_confirmed |= confirm
-                else:  # a refresh starts: what its clean sample is checked against
-                    self.refresh_left, self.refresh_ref, self.refresh_confirmed = self.refresh_steps - 1, c0, False
+            check = not left and self._refresh_moved(key)
+            if left or check or self.steps - self.costs.when.get(key, 0) >= self.refresh:
+                if left:  # the refresh goes on: its next sample is checked against c(0) as it is now
+                    self.refresh_left, self.refresh_ref = left - 1, c0
+                elif check:
+                    self.refresh_left, self.refresh_checked = 0, True
+                else:  # a refresh starts
+                    self.refresh_left, self.refresh_ref, self.refresh_checked = self.refresh_steps - 1, c0, False
+                if not (self.refresh_left or check):
+                    self.refresh_last = self.steps  # the refresh's last step: the sample a check looks at
                 self.refreshing = True  # (a hybrid then runs no lookup step instead: batch.py)
                 return 0  # the reference cost is stale: re-measure it (drafting compares against it)
             return best
         return self._maybe_probe(B, rows, kmin, c0, catch_up)
 
     def _refresh_moved(self, key) -> bool:
-        """Did the refresh's last step (the step before this one) measure c(0) more than `refresh_tol` away from
-        what it was believed to be? Then one more target-only step (once per refresh), and c(0) is the lower of the
-        two (Costs: the lower middle): a stall in the one clean sample set c(0) for the next `refresh` steps
-        (seen: 41.7 ms against 22 ms, so a k = 8 verify looked cheaper than a target-only step for 64 steps),
-        while a machine that really changed speed measures the same twice."""
+        """Is c(0)'s newest sample the last refresh's last step, more than `refresh_tol` away from the c(0) believed
+        before it, and not checked yet? Then one more target-only step checks it (once per refresh; where lookup
+        steps come first, at the next step the model drafts), and c(0) is the median of the refresh's samples, of
+        two the lower (Costs, strict). Past the graph switch, a refresh's last step is often c(0)'s only sample
+        until the next refresh, 64 steps on: one stall there made every verify look cheap against c(0) for that
+        long, while a machine that really changed speed measures the same twice."""
         xs = self.costs.samples.get(key)
-        if self.refresh_confirmed or not xs or xs[-1][0] != self.steps - 1 or not self.refresh_ref:
+        if self.refresh_checked or not xs or xs[-1][0] != self.refresh_last or not self.refresh_ref:
             return False
         return abs(xs[-1][1] / self.refresh_ref - 1.0) > self.refresh_tol
 
