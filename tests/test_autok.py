@@ -416,6 +416,17 @@ def test_a_refresh_on_a_faster_machine_runs_no_check_step():
     assert [len(r) for r in runs if r] == [2] and ctl.verify_cost(0, 1) == pytest.approx(0.7 * COSTS[0])
 
 
+def test_a_set_up_heavy_first_c0_is_refreshed_early():
+    """A decoder's first target-only step is set-up heavy (1.5x here); while it is c(0)'s only sample, the first
+    refresh comes after `refresh_first` steps, not `refresh` (which left it believed for 64 steps)."""
+    ctl = AutoK(KS, free_drafts=False)
+    ks = _refresh_run(ctl, 24, lambda step, k: COSTS[k] * (1.5 if step == 0 else 1.0))
+    assert ks[0] == 0 and ks[1] > 0  # c(0) measured first, then drafting
+    first = ks.index(0, 1)
+    assert first <= 2 + ctl.refresh_first and ks[first:first + 2] == [0, 0] and ks[first + 2] > 0
+    assert ctl.verify_cost(0, 1) == pytest.approx(COSTS[0]) and ks[first + 2:].count(0) == 0
+
+
 def test_refresh_steps_must_be_at_least_one():
     with pytest.raises(ValueError, match="refresh_steps"):
         AutoK(KS, free_drafts=False, refresh_steps=0)

@@ -142,7 +142,8 @@ Rule
   next step the model drafts, if lookup steps come first), and c(0) is the median of the refresh's samples, of
   two the lower (Costs, strict): a stall is outvoted, a real change of speed measures the same twice. Stop 48
   saw a refresh's c(0) of 22.4 and 41.7 ms read 32.1 (their mean), where every step ran about 22: a k = 8
-  verify looked cheaper than a target-only step for 64 steps.
+  verify looked cheaper than a target-only step for 64 steps. While c(0) has only its first sample (set-up
+  heavy: 31.8 against 21.7 ms), the first refresh comes after `refresh_first` (8) steps, not 64.
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
 mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence is
 thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:

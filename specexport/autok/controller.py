@@ -42,6 +42,8 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     # clean sample of c(0), up or down (with one, c(0) could only fall: a slower machine kept its old, low c(0))
     refresh_left: int = 0  # target-only steps of the refresh in progress still to run (dropped if another step
     # comes between: a lookup step, drafting off; the next refresh is due `refresh` steps after its first)
+    refresh_first: int = 8  # ... or this long, while c(0) has only its first, set-up heavy sample (stop 48: 31.8
+    # against 21.7 ms, believed for the decoder's first 64 steps)
     refresh_tol: float = 0.1  # a refresh's last sample this far from the c(0) believed is checked by one more step
     refresh_ref: float = 0.0  # c(0) before the refresh's last step (what its sample is checked against)
     refresh_last: int = 0  # the step stamp of the last refresh's last step

@@ -79,7 +79,8 @@ class ModelPlan:
             self.interval = self.probe_every
             key = ("verify", 0, bucket(B))
             check = not left and self._refresh_moved(key)
-            if left or check or self.steps - self.costs.when.get(key, 0) >= self.refresh:
+            due = self.refresh if self.costs.settled(key) else self.refresh_first  # (a first sample: set-up heavy)
+            if left or check or self.steps - self.costs.when.get(key, 0) >= due:
                 if left:  # the refresh goes on: its next sample is checked against c(0) as it is now
                     self.refresh_left, self.refresh_ref = left - 1, c0
                 elif check:
