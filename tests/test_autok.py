@@ -95,7 +95,7 @@ def test_a_free_width_costs_the_target_only_step_at_batch_1():
     ctl.observe_costs(1, 1, 1.3)  # noise on a k = 1 step: one of c(0)'s samples
     ctl.observe_costs(1, 0, 1.2)  # the target-only step after it: no switch to charge (1.2 is a sample too)
     assert ctl.costs.samples[("verify", 0, 1)][-2:] == [(0, 1.3), (0, 1.2)]
-    assert ctl.verify_cost(1, 1) == ctl.verify_cost(0, 1) == pytest.approx(1.1)  # median of 1, 1, 1.3, 1.2
+    assert ctl.verify_cost(1, 1) == ctl.verify_cost(0, 1) == pytest.approx(1.0)  # of 1, 1, 1.3, 1.2: the lower
     assert ("verify", 1, 1) not in ctl.costs.samples
     row = RowState()
     row.get(1).accepted, row.get(1).rejected = 10, 40  # acceptance 0.2: one free token still pays
@@ -356,14 +356,16 @@ def test_model_draft_follows_a_machine_that_slows_down():
         assert c0 == pytest.approx(COSTS[0]) if stale else c0 == pytest.approx(1.5 * COSTS[0])
 
 
-def _refresh_run(ctl, steps: int, cost, free=lambda step: False) -> list:
-    """A draft model that pays (every draft accepted) for `steps` steps; cost(step, k) -> the step's seconds;
-    free(step): every row matched lookup (a hybrid's free step, verified at the largest k)."""
+def _refresh_run(ctl, steps: int, cost, free=lambda step: False, switch: float = 0.0) -> list:
+    """A draft model that pays (every draft accepted) for `steps` steps; cost(step, k) -> the step's seconds, plus
+    `switch` for a target-only step right after a speculative one (the graph switch); free(step): every row matched
+    lookup (a hybrid's free step, verified at the largest k)."""
     states, ks = [RowState()], []
     for step in range(steps):
         k = ctl.plan(1, states, free=True) if free(step) else ctl.plan(1, states)
         ks.append(k)
-        ctl.observe_costs(1, k, cost(step, k), 0 if free(step) else k, 0.0 if free(step) else k * 0.1)
+        extra = switch if k == 0 and len(ks) > 1 and ks[-2] > 0 else 0.0
+        ctl.observe_costs(1, k, cost(step, k) + extra, 0 if free(step) else k, 0.0 if free(step) else k * 0.1)
         if k:
             ctl.observe_row(states[0], 0, k, False)
         ctl.end_step(k, states)
@@ -382,7 +384,7 @@ def test_a_stall_in_the_refresh_does_not_set_c0():
             stalled.append(step)
             return 2.0 * COSTS[0]
         return COSTS[k]
-    ks = _refresh_run(ctl, 3 * ctl.refresh, cost)
+    ks = _refresh_run(ctl, 3 * ctl.refresh, cost, switch=0.1)
     s = stalled[0]
     assert ks[s - 1:s + 3] == [0, 0, 0, 8] and ctl.verify_cost(0, 1) == pytest.approx(COSTS[0])
     runs = "".join("0" if k == 0 else "k" for k in ks[10:]).split("k")
@@ -400,18 +402,30 @@ def test_a_check_step_waits_for_the_next_step_the_model_drafts():
             stalled.append(step)
             return 2.0 * COSTS[0]
         return COSTS[k]
-    ks = _refresh_run(ctl, 2 * ctl.refresh, cost, free=lambda step: bool(stalled) and step in (stalled[0] + 1,
-                                                                                             stalled[0] + 2))
+    ks = _refresh_run(ctl, 2 * ctl.refresh, cost, switch=0.1,
+                      free=lambda step: bool(stalled) and step in (stalled[0] + 1, stalled[0] + 2))
     s = stalled[0]
-    assert ks[s + 1:s + 3] == [max(KS)] * 2 and ks[s + 3] == 0 and ks[s + 4] > 0  # lookup, lookup, the check
-    assert ctl.verify_cost(0, 1) == pytest.approx(COSTS[0])
+    assert ks[s + 1:s + 3] == [max(KS)] * 2  # lookup, lookup, then the check: the switch, a clean step
+    assert ks[s + 3:s + 5] == [0, 0] and ks[s + 5] > 0 and ctl.verify_cost(0, 1) == pytest.approx(COSTS[0])
+
+
+def test_a_target_only_step_between_outvotes_a_stalled_c0_too():
+    """Any target-only step's sample counts: c(0)'s median of two is the lower, so a stalled refresh sample
+    followed by an ordinary target-only step (drafting off for a step, a lookup step's width 0) reads the
+    ordinary one, not the mean (1.5 here, for 62 steps)."""
+    ctl = _ctl(free=False, draft_pass=0.1)
+    for t, v in ((100, 2.0), (101, 1.0)):
+        ctl.steps = t
+        ctl.refreshing = t == 100
+        ctl.observe_costs(1, 0, v)
+    assert ctl.verify_cost(0, 1) == pytest.approx(1.0)
 
 
 def test_a_refresh_on_a_faster_machine_runs_no_check_step():
     """The machine gets 30% faster for good: the refresh's first step (after the graph switch) already measures it,
     so its second agrees with the c(0) believed before it, and no check step runs."""
     ctl = _ctl(free=False, draft_pass=0.1)
-    ks = _refresh_run(ctl, 2 * ctl.refresh, lambda step, k: COSTS[k] * (0.7 if step >= 10 else 1.0))
+    ks = _refresh_run(ctl, 2 * ctl.refresh, lambda step, k: COSTS[k] * (0.7 if step >= 10 else 1.0), switch=0.07)
     runs = "".join("0" if k == 0 else "k" for k in ks[10:]).split("k")
     assert [len(r) for r in runs if r] == [2] and ctl.verify_cost(0, 1) == pytest.approx(0.7 * COSTS[0])
 
@@ -420,16 +434,17 @@ def test_a_set_up_heavy_first_c0_is_refreshed_early():
     """A decoder's first target-only step is set-up heavy (1.5x here); while it is c(0)'s only sample, the first
     refresh comes after `refresh_first` steps, not `refresh` (which left it believed for 64 steps)."""
     ctl = AutoK(KS, free_drafts=False)
-    ks = _refresh_run(ctl, 24, lambda step, k: COSTS[k] * (1.5 if step == 0 else 1.0))
+    ks = _refresh_run(ctl, 24, lambda step, k: COSTS[k] * (1.5 if step == 0 else 1.0), switch=0.15)
     assert ks[0] == 0 and ks[1] > 0  # c(0) measured first, then drafting
     first = ks.index(0, 1)
     assert first <= 2 + ctl.refresh_first and ks[first:first + 2] == [0, 0] and ks[first + 2] > 0
     assert ctl.verify_cost(0, 1) == pytest.approx(COSTS[0]) and ks[first + 2:].count(0) == 0
 
 
-def test_refresh_steps_must_be_at_least_one():
-    with pytest.raises(ValueError, match="refresh_steps"):
-        AutoK(KS, free_drafts=False, refresh_steps=0)
+def test_refresh_counts_must_be_at_least_one():
+    for name in ("refresh", "refresh_first", "refresh_steps"):
+        with pytest.raises(ValueError, match=name):
+            AutoK(KS, free_drafts=False, **{name: 0})
 
 
 def test_a_refresh_interrupted_by_a_lookup_step_leaves_nothing_behind():

@@ -122,8 +122,8 @@ Rule
     a draft that does not pay, see tests/test_autok.py).
   Costs are the median of the last 5 samples within 32 steps of the newest (a passing stall moves a median
   less than a moving average, and an old sample does not outvote a new one), but of no fewer than the last 3
-  (a width run rarely is not set by one stall until it runs again); of an even number, the lower middle one
-  (a stall only slows a step). A target-only step right after
+  (a width run rarely is not set by one stall until it runs again); c(0)'s, of an even number, is the lower
+  middle one (a stall only slows a step). A target-only step right after
   a speculative one is slower (the engine switches graphs); the excess is charged to the speculative step.
   Where the batch-1 target-only step is itself a k = 1 verify (`free_ks`: a CPU whose one-row linears round
   otherwise, backends/row_probe.py), k = 1 at batch 1 costs c(0) by definition and its steps are c(0)'s samples
@@ -134,13 +134,14 @@ Rule
   decoder's life, not per request). A draft model that has drafted for `refresh` (64) steps runs two
   target-only steps, so that the reference it is compared against is not stale (lookup measures c(0) at
   every step without a match). The first pays the graph switch (charged to the step before it, above), so
-  only the second can raise c(0). With one step every 32, c(0) could only fall: over the fp32 SmolLM2
+  only the second can raise c(0) (once c(0) has two samples; before, the first replaces its set-up one). With one step every 32, c(0) could only fall: over the fp32 SmolLM2
   target, three decoders on one engine in one run came to price c(8) at 1.55, 1.61 and 2.34 c(0) (stop 46).
   A refresh drops c(0)'s older samples (so that a slower machine is followed at once), so its second step is
   often c(0)'s only sample until the next refresh, and one stall there set c(0) for 64 steps. Where it lands
-  more than `refresh_tol` (10%) from the c(0) believed before it, one more target-only step checks it (at the
-  next step the model drafts, if lookup steps come first), and c(0) is the median of the refresh's samples, of
-  two the lower (Costs, strict): a stall is outvoted, a real change of speed measures the same twice. Stop 48
+  more than `refresh_tol` (10%) above the c(0) believed before it, a check runs one more clean target-only step
+  (where other steps came between, at the next step the model drafts, after a step that pays the graph switch
+  and is not counted), and c(0) is the median of the refresh's samples, of two the lower: a stall is
+  outvoted, a machine that really slowed down measures the same twice (a faster sample is no stall). Stop 48
   saw a refresh's c(0) of 22.4 and 41.7 ms read 32.1 (their mean), where every step ran about 22: a k = 8
   verify looked cheaper than a target-only step for 64 steps. While c(0) has only its first sample (set-up
   heavy: 31.8 against 21.7 ms), the first refresh comes after `refresh_first` (8) steps, not 64.

@@ -47,7 +47,8 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     refresh_tol: float = 0.1  # a refresh's last sample this far from the c(0) believed is checked by one more step
     refresh_ref: float = 0.0  # c(0) before the refresh's last step (what its sample is checked against)
     refresh_last: int = 0  # the step stamp of the last refresh's last step
-    refresh_checked: bool = False  # the last refresh has run its check step
+    refresh_checked: bool = False  # the last refresh has run its check
+    checking: bool = False  # the last plan() returned 0 for a check (ModelPlan._refresh_moved)
     chunk: int = 64  # C: the draft model's prefill chunk (a catch-up may run through it)
     whole_matches: bool = True  # hybrid: where the model pays, lookup's matches are verified whole (free_width)
     margin: float = 0.05  # model error guard: lookup's tokens over a step's must beat a verify's extra time by
@@ -69,6 +70,7 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     _last: tuple = (0, 0)  # (j, bucket) of the last observed step
 
     def __post_init__(self):
-        if self.refresh_steps < 1:
-            raise ValueError(f"AutoK.refresh_steps is {self.refresh_steps}: a refresh runs at least one target-only "
-                             "step (2, the default, gives a clean sample of c(0))")
+        for name in ("refresh", "refresh_first", "refresh_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AutoK.{name} is {getattr(self, name)}: it counts steps, at least 1 (defaults: "
+                                 "refresh 64, refresh_first 8, refresh_steps 2)")

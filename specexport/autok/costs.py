@@ -20,11 +20,11 @@ class Costs:
     sample, so one stall does not make it look dear until it is run again (stop 47: prompt lookup ended a run
     believing c(4) = 2.45 c(0), where fixed k = 4 ran 1.08 c(0) a step). A `strict` sample (a draft model's
     c(0) refresh, AutoK.refresh) keeps to the horizon alone: a slower machine moves c(0) at the first refresh.
-    The first sample of a key is provisional (it includes set-up). A strict sample's median of an even number of
-    samples is the lower middle one, not the mean of the two: a refresh holds one to three samples of c(0), a stall
-    only slows a step, and the mean of two, one a stall, is half a stall (stop 48: a refresh's 22.4 and 41.7 ms
-    read 32.1). Elsewhere the mean stays: half of a width's samples may carry a graph switch's charge (AutoK's
-    observe_costs), which is a cost, not noise."""
+    The first sample of a key is provisional (it includes set-up). A `low` key's median of an even number of
+    samples is the lower middle one, not the mean of the two: AutoK's c(0), whose samples are steady target-only
+    steps, where a stall only slows a step and the mean of two, one a stall, is half a stall (stop 48: a refresh's
+    22.4 and 41.7 ms read 32.1). Other keys keep the mean: half of a width's samples may carry a graph switch's
+    charge (AutoK's observe_costs), which is a cost, not noise."""
 
     window: int = 5
     horizon: int = 32
@@ -33,8 +33,11 @@ class Costs:
     count: dict = field(default_factory=dict)
     when: dict = field(default_factory=dict)  # key -> the step it was last measured at
     median: dict = field(default_factory=dict)  # key -> the median of its samples (kept current)
+    low: set = field(default_factory=set)  # keys whose median of an even number is the lower middle
 
-    def observe(self, key, seconds: float, step: int = 0, strict: bool = False) -> None:
+    def observe(self, key, seconds: float, step: int = 0, strict: bool = False, low: bool = False) -> None:
+        if low:
+            self.low.add(key)
         n = self.count.get(key, 0)
         self.count[key] = n + 1
         self.when[key] = step
@@ -43,7 +46,7 @@ class Costs:
         if not strict and len(recent) < self.keep - 1:  # (old is oldest first: its last ones hold every recent one)
             recent = old[len(old) - self.keep + 1:]
         self.samples[key] = (recent + [(step, seconds)])[-self.window:]  # (the second sample replaces the first)
-        self._update(key, low=strict)
+        self._update(key)
 
     def add_to_last(self, key, seconds: float) -> None:
         """Charge more time to the newest sample of a key (what a step cost the step after it)."""
@@ -52,10 +55,10 @@ class Costs:
             xs[-1] = (xs[-1][0], xs[-1][1] + seconds)
             self._update(key)
 
-    def _update(self, key, low: bool = False) -> None:
+    def _update(self, key) -> None:
         xs = sorted(v for _, v in self.samples[key])
         n = len(xs)
-        self.median[key] = xs[(n - 1) // 2] if low or n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+        self.median[key] = xs[(n - 1) // 2] if n % 2 or key in self.low else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
     def get(self, key, estimate: float | None = None) -> float | None:
         """The measurement; once only measured once, the lower of it and `estimate`."""

@@ -50,7 +50,8 @@ class ModelPlan:
         matched lookup)."""
         self.steps += 1
         left = self.refresh_left if self.refreshing else 0  # a refresh goes on only right after its own steps
-        self.refreshing, self.refresh_left = False, 0
+        checking = self.checking and left > 0
+        self.refreshing, self.refresh_left, self.checking = False, 0, False
         if self.free_drafts if free is None else free:
             return max(self.ks)
         c0 = self.verify_cost(0, B)
@@ -82,12 +83,14 @@ class ModelPlan:
             due = self.refresh if self.costs.settled(key) else self.refresh_first  # (a first sample: set-up heavy)
             if left or check or self.steps - self.costs.when.get(key, 0) >= due:
                 if left:  # the refresh goes on: its next sample is checked against c(0) as it is now
-                    self.refresh_left, self.refresh_ref = left - 1, c0
-                elif check:
-                    self.refresh_left, self.refresh_checked = 0, True
+                    self.refresh_left, self.checking = left - 1, checking
+                    self.refresh_ref = self.refresh_ref if checking else c0
+                elif check:  # one clean step; after any other step than the refresh's, a graph switch first
+                    self.refresh_left = 0 if self._last == (0, bucket(B)) else 1  # (its time is not a sample)
+                    self.refresh_checked = self.checking = True
                 else:  # a refresh starts
                     self.refresh_left, self.refresh_ref, self.refresh_checked = self.refresh_steps - 1, c0, False
-                if not (self.refresh_left or check):
+                if not (self.refresh_left or self.checking):
                     self.refresh_last = self.steps  # the refresh's last step: the sample a check looks at
                 self.refreshing = True  # (a hybrid then runs no lookup step instead: batch.py)
                 return 0  # the reference cost is stale: re-measure it (drafting compares against it)
@@ -95,16 +98,17 @@ class ModelPlan:
         return self._maybe_probe(B, rows, kmin, c0, catch_up)
 
     def _refresh_moved(self, key) -> bool:
-        """Is c(0)'s newest sample the last refresh's last step, more than `refresh_tol` away from the c(0) believed
-        before it, and not checked yet? Then one more target-only step checks it (once per refresh; where lookup
-        steps come first, at the next step the model drafts), and c(0) is the median of the refresh's samples, of
-        two the lower (Costs, strict). Past the graph switch, a refresh's last step is often c(0)'s only sample
-        until the next refresh, 64 steps on: one stall there made every verify look cheap against c(0) for that
-        long, while a machine that really changed speed measures the same twice."""
+        """Is c(0)'s newest sample the last refresh's last step, more than `refresh_tol` above the c(0) believed
+        before it, and not checked yet? Then a check: one more clean target-only step (once per refresh; where other
+        steps came first, at the next step the model drafts, after a step that pays the graph switch and is not
+        counted), and c(0) is the median of the refresh's samples, of two the lower (Costs, low). Past the graph
+        switch, a refresh's last step is often c(0)'s only sample until the next refresh, 64 steps on: one stall
+        there made every verify look cheap against c(0) for that long, while a machine that really slowed down
+        measures the same twice. Only upwards: a stall only slows a step, and a faster sample is taken as it is."""
         xs = self.costs.samples.get(key)
         if self.refresh_checked or not xs or xs[-1][0] != self.refresh_last or not self.refresh_ref:
             return False
-        return abs(xs[-1][1] / self.refresh_ref - 1.0) > self.refresh_tol
+        return xs[-1][1] > self.refresh_ref * (1.0 + self.refresh_tol)
 
     def expects_drafting(self, B: int, missing: int = 0) -> bool:
         """Should a new request's prompt be prefilled into the draft at admission (a draft model)? Yes unless

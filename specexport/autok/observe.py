@@ -24,11 +24,11 @@ class Observations:
         strict = self.refreshing and j == 0  # a refresh's c(0): past the horizon, the old samples go (Costs)
         if j == 0 and last[0] and last[1] == Bb and c0 is not None and self.costs.settled(("verify", 0, Bb)):
             self.costs.add_to_last(("verify", last[0], Bb), max(verify_s - c0, 0.0))
-            if verify_s < c0:  # even after a switch it was faster: c(0) was too high (it is re-measured)
-                self.costs.observe(("verify", 0, Bb), verify_s, t, strict)
-            self.costs.when[("verify", 0, Bb)] = t
+            if verify_s < c0 and not self.checking:  # even after a switch it was faster: c(0) was too high (it
+                self.costs.observe(("verify", 0, Bb), verify_s, t, strict, low=True)  # is re-measured; a check's
+            self.costs.when[("verify", 0, Bb)] = t  # own clean step follows, ModelPlan._refresh_moved)
         else:
-            self.costs.observe(("verify", j, Bb), verify_s, t, strict)
+            self.costs.observe(("verify", j, Bb), verify_s, t, strict, low=j == 0)
         if draft_passes:
             self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
         if catch_up_calls:
