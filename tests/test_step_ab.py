@@ -42,3 +42,14 @@ def test_closed_loops_keep_the_clients_in_flight_and_finish_every_request(texty_
         assert loop.done and len(loop.reqs) == 6 and loop.rate > 0
         assert all(len(r.out) == 12 for r in loop.reqs)  # EOS ignored: fixed lengths, as bench --clients
     assert [r.out for r in loops[0].reqs] == [r.out for r in loops[1].reqs]
+
+
+def test_an_auto_mode_tracks_what_it_believes_after_each_step(texty_engine):
+    tool = _tool()
+    mode = _modes(tool, texty_engine, ["auto:model"], 1)[0]
+    mode.track()
+    run = tool.Stream(mode, "w3 w4 w5 w3 w4 w5 w3", 20)
+    while not run.done:
+        run.advance()
+    assert len(mode.widths) == run.req.stats.steps and mode.widths[0] == 0  # c(0) is measured first
+    assert mode.believed and all(x > 0 for x in mode.believed)

@@ -61,6 +61,24 @@ class Mode:
         self.speculative = k != "0"
         self.k = "auto" if k == "auto" else int(k)
         self.dec = SpeculativeDecoder.load(engine, **(opts | ({"drafter": drafter} if drafter else {})))
+        self.believed: list[float] = []  # auto, tracked: c(K) / c(0) as it believed them after each step
+        self.widths: list[int] = []  # auto, tracked: each step's verify width (0: target-only)
+
+    def track(self) -> None:
+        """auto: record, after every step, what it believes a verify at its widest k costs over a target-only
+        step (to check against the fixed ks' measured steps), and each step's width (a refresh's target-only
+        steps, and its check's: AutoK's docstring)."""
+        ctl = self.dec.autok()
+        observe, K = ctl.observe_costs, max(ctl.ks)
+
+        def tracked(B, j, *args, **kw):
+            observe(B, j, *args, **kw)
+            c0 = ctl.verify_cost(0, B)
+            cK = ctl.verify_cost(K, B) if c0 else None
+            if cK:
+                self.believed.append(cK / c0)
+            self.widths.append(j)
+        ctl.observe_costs = tracked
 
     def batch(self) -> Batch:
         return Batch(self.dec, self.speculative, self.k if self.speculative else 0)
@@ -198,14 +216,22 @@ def single_stream(a, modes: list[Mode], prompts: list[dict]) -> None:
                   + (f"; draft pass {d / c0:.3f}" if d else "") + (f"; ties {tie / seen:.3f}" if seen else "")
                   + "; acceptance " + ", ".join(f"{s}: {ctl.prior(s):.3f}" for s in sorted(ctl.global_acc))
                   + (f"; at a tie {ctl.tie_acceptance():.3f}" if ctl.tie_acc.trials else ""))
+        if m.believed:  # over every step: how far what it compared against wandered
+            q = np.percentile(m.believed, [0, 10, 50, 90, 100])
+            runs = "".join("0" if j == 0 else "x" for j in m.widths).split("x")
+            lengths = {n: sum(len(r) == n for r in runs) for n in sorted({len(r) for r in runs if r})}
+            print(f"  believed c({max(ctl.ks)})/c(0) after each step: min {q[0]:.3f}, 10% {q[1]:.3f}, median "
+                  f"{q[2]:.3f}, 90% {q[3]:.3f}, max {q[4]:.3f}; runs of target-only steps by length: {lengths}")
     base = modes[0]
     if base.steps and not base.speculative:  # what auto's costs are to be checked against, measured
         c0 = base.seconds / base.steps
         print(f"measured per step, over the baseline's step ({c0 * 1e3:.1f} ms): tokens / step, seconds / step "
               "(of which before the verify: drafting, lookup, planning, catch-up)")
         for m in (m for m in modes[1:] if m.speculative and m.steps):
-            print(f"  {m.label}: {m.tokens / m.steps:.2f} tokens, {m.seconds / m.steps / c0:.3f} "
-                  f"({m.draft_s / m.steps / c0:.3f})")
+            per = m.seconds / m.steps / c0
+            before = m.draft_s / m.steps / c0
+            print(f"  {m.label}: {m.tokens / m.steps:.2f} tokens, {per:.3f} ({before:.3f}; the verify and commit "
+                  f"{per - before:.3f})")
     same = sum(r["same"] for r in res.values())
     print(f"\nevery mode gave the baseline's tokens on {same}/{len(res)} prompts")
 
@@ -268,6 +294,8 @@ def main() -> None:
         ab_prompts.set_field(autos[label].dec.autok(), key, val, f"--set {item}")
     prompts = ab_prompts.read(a)
     ab_prompts.warm_up([m.dec for m in modes], prompts)
+    for m in autos.values():  # (after the warm-up)
+        m.track()
     (under_load if a.clients else single_stream)(a, modes, prompts)
 
 
