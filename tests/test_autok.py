@@ -441,6 +441,23 @@ def test_a_set_up_heavy_first_c0_is_refreshed_early():
     assert ctl.verify_cost(0, 1) == pytest.approx(COSTS[0]) and ks[first + 2:].count(0) == 0
 
 
+def test_a_width_priced_out_by_stalls_is_run_again_once_stale():
+    """A burst of stalls prices k = 8 at 3x its cost (3 samples: the median keeps it), so auto drafts k = 4. Not run
+    for `refresh` steps, k = 8 is stale and priced on the line through c(0) and c(4): it runs again, its new sample
+    replaces the stalled ones, and auto stays at k = 8 (before, k = 4 to the end)."""
+    ctl = _ctl(free=False, draft_pass=0.1)
+    for _ in range(3):
+        ctl.observe_costs(1, 8, 3 * COSTS[8], 8, 0.8)  # the burst
+    ks = _refresh_run(ctl, 3 * ctl.refresh, lambda step, k: COSTS[k], switch=0.1)
+    back = ks.index(8)
+    assert set(ks[1:back]) <= {0, 4} and back <= ctl.refresh + 4  # (the first step: the probe k)
+    assert ks[back:].count(8) >= len(ks[back:]) - 3 * ctl.refresh_steps  # k = 8 but the refreshes
+    assert ctl.verify_cost(8, 1) == pytest.approx(COSTS[8])
+    lookup = _ctl()  # prompt lookup picks a width per step from its proposals: no width is ever stale
+    lookup.steps += 10 * lookup.refresh
+    assert not lookup.stale(("verify", 8, 1)) and lookup.verify_cost(8, 1) == COSTS[8]
+
+
 def test_refresh_counts_must_be_at_least_one():
     for name in ("refresh", "refresh_first", "refresh_steps"):
         with pytest.raises(ValueError, match=name):

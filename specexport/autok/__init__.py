@@ -134,8 +134,9 @@ Rule
   decoder's life, not per request). A draft model that has drafted for `refresh` (64) steps runs two
   target-only steps, so that the reference it is compared against is not stale (lookup measures c(0) at
   every step without a match). The first pays the graph switch (charged to the step before it, above), so
-  only the second can raise c(0) (once c(0) has two samples; before, the first replaces its set-up one). With one step every 32, c(0) could only fall: over the fp32 SmolLM2
-  target, three decoders on one engine in one run came to price c(8) at 1.55, 1.61 and 2.34 c(0) (stop 46).
+  only the second can raise c(0) (once c(0) has two samples; before, the first replaces its set-up one). With
+  one step every 32, c(0) could only fall: over the fp32 SmolLM2 target, three decoders on one engine in one
+  run came to price c(8) at 1.55, 1.61 and 2.34 c(0) (stop 46).
   A refresh drops c(0)'s older samples (so that a slower machine is followed at once), so its second step is
   often c(0)'s only sample until the next refresh, and one stall there set c(0) for 64 steps. Where it lands
   more than `refresh_tol` (10%) above the c(0) believed before it, a check runs one more clean target-only step
@@ -145,6 +146,10 @@ Rule
   saw a refresh's c(0) of 22.4 and 41.7 ms read 32.1 (their mean), where every step ran about 22: a k = 8
   verify looked cheaper than a target-only step for 64 steps. While c(0) has only its first sample (set-up
   heavy: 31.8 against 21.7 ms), the first refresh comes after `refresh_first` (8) steps, not 64.
+  A width not run for `refresh` steps is stale: it is priced at most on the line through c(0) and the most
+  recently measured other width, so it runs again where that pays, and its new sample replaces the old ones.
+  Before, a burst of stalls priced c(8) at 2.7 c(0) (it ran at 1.4), and auto ran k = 4 for the rest of the run
+  without measuring k = 8 again (stop 48: 0.959 of fixed k = 8 over 24 prompts).
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
 mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence is
 thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:

@@ -83,7 +83,11 @@ class Pricing:
         if j == 0 or c0 is None or (Bb == 1 and j in self.free_ks):
             return c0
         if self.costs.settled(("verify", j, Bb)):
-            return self.costs.get(("verify", j, Bb))
+            v = self.costs.get(("verify", j, Bb))
+            if self.stale(("verify", j, Bb)):  # not run for `refresh` steps: a stall may have priced it out
+                line = self._fresh_line(j, Bb, c0)
+                v = v if line is None else min(v, line)
+            return v
         estimate = c0 * (1.0 + 0.05 * j) * (Bb if self.row_by_row else 1)
         near = sorted((abs(math.log2(b) - math.log2(Bb)), b) for (kind, jj, b) in self.costs.median
                       if kind == "verify" and jj == j and b != Bb and self.costs.get(("verify", 0, b)))
@@ -102,6 +106,27 @@ class Pricing:
             else:
                 estimate = c0 * cj / c0b
         return self.costs.get(("verify", j, Bb), estimate)
+
+    def stale(self, key) -> bool:
+        """A draft model's measured cost not re-measured for `refresh` steps (auto has not run that width since).
+        Not prompt lookup's: it picks a width per step from the proposals, and a line through c(0) that prices a
+        width low (without pre-packing c(2) = 1.00 c(0), c(8) = 1.19) only spent verifies there (replayed: its
+        lowest prompt 0.990 -> 0.977 at the worst seed)."""
+        return not self.free_drafts and self.costs.settled(key) \
+            and self.steps - self.costs.when.get(key, self.steps) >= self.refresh
+
+    def _fresh_line(self, j: int, Bb: int, c0: float) -> float | None:
+        """c(j) on the line through c(0) and the most recently measured other width that is not stale (None: there
+        is none). Stop 48: a burst of stalls priced c(8) at 2.7 c(0) (it runs at 1.4), so auto ran k = 4 and never
+        measured k = 8 again (0.959 of fixed k = 8 over 24 prompts). A stale width is priced at most on this line:
+        it is run again where that pays, and its new sample replaces the old ones (AutoK.observe_costs)."""
+        fresh = [(self.costs.when[k], k[1]) for k in self.costs.median
+                 if k[0] == "verify" and k[2] == Bb and k[1] not in (0, j) and not self.stale(k)
+                 and self.costs.settled(k)]
+        if not fresh:
+            return None
+        jj = max(fresh)[1]
+        return c0 + max(self.costs.get(("verify", jj, Bb)) - c0, 0.0) * j / jj
 
     def draft_cost(self, k: int, B: int) -> float | None:
         """d(B) times the passes a k-token draft is expected to run (`passes`)."""

@@ -27,8 +27,9 @@ class Observations:
             if verify_s < c0 and not self.checking:  # even after a switch it was faster: c(0) was too high (it
                 self.costs.observe(("verify", 0, Bb), verify_s, t, strict, low=True)  # is re-measured; a check's
             self.costs.when[("verify", 0, Bb)] = t  # own clean step follows, ModelPlan._refresh_moved)
-        else:
-            self.costs.observe(("verify", j, Bb), verify_s, t, strict, low=j == 0)
+        else:  # a stale width's new sample replaces its old ones (Pricing._fresh_line)
+            key = ("verify", j, Bb)
+            self.costs.observe(key, verify_s, t, strict or (j > 0 and self.stale(key)), low=j == 0)
         if draft_passes:
             self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
         if catch_up_calls:
