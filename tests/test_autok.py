@@ -239,15 +239,19 @@ def test_row_by_row_engines_estimate_unmeasured_batches_per_row():
     assert _ctl().verify_cost(2, 16) is None  # nothing measured at 16 yet: target-only first
 
 
-def _model_run(ctl: AutoK, steps: int, accept, draft_pass: float, rows=1, costs=COSTS):
-    """Drive a draft-model controller with hand-forced acceptance; -> the k of every step."""
+def _model_run(ctl: AutoK, steps: int, accept, draft_pass: float, rows=1, costs=COSTS, cost=None, free=None,
+               switch: float = 0.0):
+    """Drive a draft-model controller with hand-forced acceptance; -> the k of every step. cost(step, k): the
+    step's seconds (default costs[k]), plus `switch` for a target-only step right after a speculative one (the
+    graph switch); free(step): every row matched lookup (a hybrid's free step: the largest k, no draft pass)."""
     states = [RowState() for _ in range(rows)]
     ks = []
     for step in range(steps):
-        k = ctl.plan(rows, states)
+        lookup = free is not None and free(step)
+        k = ctl.plan(rows, states, free=True) if lookup else ctl.plan(rows, states)
         ks.append(k)
-        c = costs[k]
-        ctl.observe_costs(rows, k, c, k, k * draft_pass)
+        c = (cost(step, k) if cost else costs[k]) + (switch if k == 0 and len(ks) > 1 and ks[-2] > 0 else 0.0)
+        ctl.observe_costs(rows, k, c, 0 if lookup else k, 0.0 if lookup else k * draft_pass)
         for r in states:
             if k:
                 n = k if accept(step) else 0
@@ -356,20 +360,9 @@ def test_model_draft_follows_a_machine_that_slows_down():
         assert c0 == pytest.approx(COSTS[0]) if stale else c0 == pytest.approx(1.5 * COSTS[0])
 
 
-def _refresh_run(ctl, steps: int, cost, free=lambda step: False, switch: float = 0.0) -> list:
-    """A draft model that pays (every draft accepted) for `steps` steps; cost(step, k) -> the step's seconds, plus
-    `switch` for a target-only step right after a speculative one (the graph switch); free(step): every row matched
-    lookup (a hybrid's free step, verified at the largest k)."""
-    states, ks = [RowState()], []
-    for step in range(steps):
-        k = ctl.plan(1, states, free=True) if free(step) else ctl.plan(1, states)
-        ks.append(k)
-        extra = switch if k == 0 and len(ks) > 1 and ks[-2] > 0 else 0.0
-        ctl.observe_costs(1, k, cost(step, k) + extra, 0 if free(step) else k, 0.0 if free(step) else k * 0.1)
-        if k:
-            ctl.observe_row(states[0], 0, k, False)
-        ctl.end_step(k, states)
-    return ks
+def _refresh_run(ctl, steps: int, cost, free=None, switch: float = 0.0) -> list:
+    """A draft model that pays (every draft accepted, a pass 0.1 s) for `steps` steps (_model_run)."""
+    return _model_run(ctl, steps, lambda step: True, 0.1, cost=cost, free=free, switch=switch)
 
 
 def test_a_stall_in_the_refresh_does_not_set_c0():

@@ -82,9 +82,8 @@ class ModelPlan:
             check = not left and self._refresh_moved(key)
             due = self.refresh if self.costs.settled(key) else self.refresh_first  # (a first sample: set-up heavy)
             if left or check or self.steps - self.costs.when.get(key, 0) >= due:
-                if left:  # the refresh goes on: its next sample is checked against c(0) as it is now
-                    self.refresh_left, self.checking = left - 1, checking
-                    self.refresh_ref = self.refresh_ref if checking else c0
+                if left:  # the refresh goes on: its next sample is checked against c(0) as it is now (a
+                    self.refresh_left, self.checking, self.refresh_ref = left - 1, checking, c0  # check's: unread)
                 elif check:  # one clean step; after any other step than the refresh's, a graph switch first
                     self.refresh_left = 0 if self._last == (0, bucket(B)) else 1  # (its time is not a sample)
                     self.refresh_checked = self.checking = True
