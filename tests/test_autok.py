@@ -4,8 +4,9 @@ runtime: the tokens stay the target's, and a draft model catches up after target
 Controller bounds tested here (specexport/autok/__init__.py's docstring states them):
   - nothing matches (prompt lookup): no verify at all; matches that are always rejected: at most 1 verify
     per request before target-only steps, the estimate learnt from then on by shadow checks;
-  - a draft model accepted never: 1 probe at the request's start, then at most 1 + log2(N / probe_every)
-    probes in N steps, their loss within `explore` of the time;
+  - a draft model accepted never: 1 probe at the request's start (at the probe k while the running estimate
+    is thin; once it is settled, at the k it promises), then at most 1 + log2(N / probe_every) probes in N
+    steps, their loss within `explore` of the time;
   - everything matches: the width with the best (j + 1) / c(j); acceptance that drops midway stops
     speculation within 14 steps for lookup (narrowing), 24 for a draft model (it remembers about 20
     trials); acceptance that comes back turns lookup on within 6 steps (shadow checks) and a draft model at
@@ -494,7 +495,7 @@ def test_one_early_rejection_does_not_turn_a_good_draft_off():
     for _ in range(5):  # earlier requests: every draft accepted
         _model_run(ctl, 30, lambda s: True, 0.45)
     ks = _model_run(ctl, 60, lambda s: s != 1, 0.45)  # this request: the second step's first draft is rejected
-    assert ks[0] == min(KS) and ks[1] > 0
+    assert ks[0] > 0 and ks[1] > 0
     assert ks[2:].count(0) <= ctl.refresh_steps * (58 // ctl.refresh + 1)  # still drafting, bar the refresh steps
 
 
@@ -510,6 +511,24 @@ def test_rejections_do_not_turn_a_draft_off_where_only_a_wide_k_pays():
         _model_run(ctl, 30, lambda s: True, 0.45, costs=costs)
     ks = _model_run(ctl, 60, lambda s: s not in (1, 3), 0.45, costs=costs)
     assert ks[4:].count(0) <= ctl.refresh_steps * (56 // ctl.refresh + 1) and ks[4:].count(8) >= 40
+
+
+def test_a_requests_first_step_drafts_at_the_settled_running_estimates_k():
+    """A request's first step is a probe at the smallest k only while the running estimate over earlier requests
+    is thin (the decoder's first request); once it is worth its full prior weight, the first step drafts at the k
+    that estimate promises, as the request's next steps do (`trust_prior` off: the probe k always). Where the
+    request's drafts then all fail, that one step is its extra loss, and drafting stops as before."""
+    best = max(KS, key=lambda k: (k + 1) / (k * 0.1 + COSTS[k]))
+    failing = {}
+    for trust in (True, False):
+        ctl = _ctl(free=False, draft_pass=0.1, trust_prior=trust)
+        first = [_model_run(ctl, 30, lambda s: True, 0.1)[0] for _ in range(3)]  # three requests, all accepted
+        assert first[0] == min(KS) and ctl.prior_settled() == trust
+        assert first[1:] == ([best] * 2 if trust else [min(KS)] * 2)
+        failing[trust] = _model_run(ctl, 200, lambda s: False, 0.1)  # a request whose drafts all fail
+    assert failing[True][0] == best and failing[False][0] == min(KS)
+    assert failing[True][1:12] == failing[False][1:12]  # the same steps after the first: its only extra cost
+    assert failing[True][-150:].count(0) >= 145  # off, bar the probes
 
 
 def test_the_first_request_keeps_drafting_while_its_evidence_is_thin():

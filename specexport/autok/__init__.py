@@ -102,12 +102,19 @@ Rule
   Draft model (each drafted token costs a pass): before drafting, k maximises
     sum_b E_t(a_b, k) / (P(k, B) d(B) + c(k, B) + u(g, B) / R) against (1 + margin) n / c(0, B) (n: occupied rows)
     (the catch-up for tokens committed while it was off, amortised over R steps).
-    A request's first speculative step is at most the probe k (no evidence yet: a cheap probe), the smallest
-    built k that could pay if every draft were accepted (without pre-packing a k=2 verify costs two target-only
-    steps and only k=8 can pay). While the point estimate says no k pays but its upper bound (+ `z_upper`
-    standard errors over all the request's trials and its prior's) says one does, the k that pays most at the
-    upper bound drafts (evidence is gathered, not assumed; with only the smallest k allowed here, a draft whose
-    smallest k cannot pay was turned off for the rest of a request by two rejections). A new request's prompt
+    A request's first speculative step is at most the probe k while the running estimate over earlier
+    requests is thin (no evidence yet: a cheap probe), the smallest built k that could pay if every draft were
+    accepted (without pre-packing a k=2 verify costs two target-only steps and only k=8 can pay). Once that
+    estimate has the evidence to be worth its full `model_prior_weight` (`prior_settled`), the first step
+    drafts at the k it promises, as the request's next steps do until its own trials take over: the probe
+    spent a step of every short request at k = 2 (replayed, the hybrid at auto +1.2% pre-packed, +0.7%
+    without). The price is one wide step where a request's drafts all fail after many good requests: in
+    simulation (tests/test_autok.py's costs, draft pass 0.2-0.45 c(0)) such a request ran 0.92-0.93x
+    target-only against 0.93-0.94x with the probe. While the point estimate says no k pays but its upper
+    bound (+ `z_upper` standard errors over all the request's trials and its prior's) says one does, the k
+    that pays most at the upper bound drafts (evidence is gathered, not assumed; with only the smallest k
+    allowed here, a draft whose smallest k cannot pay was turned off for the rest of a request by two
+    rejections). A new request's prompt
     is prefilled into the draft at admission (as at a fixed k) unless the measured costs say the probe k does
     not pay even at a fresh request's upper bound, with the catch-up the batch's running rows need first;
     otherwise the draft catches up if drafting turns on.
@@ -151,8 +158,9 @@ Rule
   Before, a burst of stalls priced c(8) at 2.7 c(0) (it ran at 1.4), and auto ran k = 4 for the rest of the run
   without measuring k = 8 again (stop 48: 0.959 of fixed k = 8 over 24 prompts).
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
-mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence is
-thin, then only within the 2% budget. The README ("Adaptive k") gives the measurements. Known approximation:
+mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence (its
+own and the running estimate's) is thin, then only within the 2% budget.
+The README ("Adaptive k") gives the measurements. Known approximation:
 a request's own trials also feed the running estimate that is its prior, so for the first requests the
 upper bound's evidence is overstated (by up to 2x in trials).
 """
