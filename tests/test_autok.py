@@ -531,6 +531,37 @@ def test_a_requests_first_step_drafts_at_the_settled_running_estimates_k():
     assert failing[True][-150:].count(0) >= 145  # off, bar the probes
 
 
+def test_a_request_unlike_the_others_leaves_their_prior_within_two_steps():
+    """A draft model's prior is the running estimate over earlier requests, worth 8 pseudo-trials. Where a request
+    is unlike them (every draft rejected after requests that accepted all), that prior kept it drafting for 12
+    steps (and such a request ran at 0.92-0.94x target-only). The prior's weight is now scaled by how well it
+    explains the request's own counts (`fits_prior`, `prior_doubt`): two rejections without an acceptance
+    leave it, while one rejection among accepted drafts does not (test_one_early_rejection_...)."""
+    import numpy as np
+    for doubt in (0.05, 0.0):
+        ctl = _ctl(free=False, draft_pass=0.1, prior_doubt=doubt)
+        for _ in range(3):
+            _model_run(ctl, 30, lambda s: True, 0.1)
+        ks = _model_run(ctl, 40, lambda s: False, 0.1)
+        spent = sum(k > 0 for k in ks[:16])
+        assert spent <= 2 if doubt else spent >= 10, (doubt, ks)
+    ctl = _ctl(free=False, draft_pass=0.2)
+    row = RowState()
+    for _ in range(10):
+        ctl.observe_row(RowState(), 0, 8, False)  # other requests: everything accepted
+    ctl.observe_row(row, 0, 2, False)
+    ctl.observe_row(row, 0, 0, True)
+    assert ctl.fits_prior(0, row.get(0)) > 0.7  # two accepted, one rejected: still like the others
+    ctl.observe_row(bad := RowState(), 0, 0, True)
+    ctl.observe_row(bad, 0, 0, True)
+    assert ctl.fits_prior(0, bad.get(0)) < 0.25  # two rejections, nothing accepted: not
+    rng = np.random.default_rng(0)
+    ctl = _ctl(free=False, draft_pass=0.2)
+    for _ in range(6):
+        _simulate(ctl, 0.98, 0.2, rng)
+    assert _simulate(ctl, 0.0, 0.2, rng) >= 0.95  # (0.92 with the prior's full weight)
+
+
 def test_the_first_request_keeps_drafting_while_its_evidence_is_thin():
     """No other request yet (the running estimate is worth only its own evidence): one rejection in three trials
     does not rule out a draft that pays, so the request keeps drafting at the smallest k (the upper bound of its

@@ -11,15 +11,17 @@ Terms (B: the batch's rows; b: one row; j: a verify width, 0 = a target-only ste
              without pre-packing, 10 kept a 0.98 draft off after two rejections) and are pulled towards the
              running estimate over all requests with pseudo-trials that shrink as the request shows its own:
              prompt lookup `prior_weight` (1) x 4 / (4 + its trials), a draft model `model_prior_weight` (8)
-             x 16 / (16 + its trials). It starts from the other requests, then follows its own. A draft
-             model's acceptance varies less between requests than lookup's, and with a weak prior one early
-             rejection (3 trials: 0.69 against 0.98 over all requests) turned a good draft off for the rest
-             of its request. Lookup's verify decisions use a lower confidence bound (less `z` = 0.5
-             standard errors over the effective trials): its evidence is mostly one-token shadow checks, a
-             short memory of them is noisy, and acting on its highs is a loss. With pre-packed verifies a
-             full standard error was too timid (alternating A/B, 24 prompts x 2: auto / best fixed k 0.95
-             -> 0.98, worst prompt / target-only 0.97 -> 0.99). At a verify width j the bound is less
-             z min(1, c(j) / c(0) - 1) standard errors (`stake_z`): caution in proportion to what a
+             x 16 / (16 + its trials), times the chance that the request is like the others given its counts
+             (`fits_prior`: a mixture with `prior_doubt` = 0.05 on an acceptance of its own, uniform; two
+             rejections and nothing accepted leave a 0.98 prior). It starts from the other requests, then
+             follows its own. A draft model's acceptance varies less between requests than lookup's, and with
+             a weak prior one early rejection (3 trials: 0.69 against 0.98 over all requests) turned a good
+             draft off for the rest of its request. Lookup's verify decisions use a lower confidence bound
+             (less `z` = 0.5 standard errors over the effective trials): its evidence is mostly one-token
+             shadow checks, a short memory of them is noisy, and acting on its highs is a loss. With
+             pre-packed verifies a full standard error was too timid (alternating A/B, 24 prompts x 2: auto /
+             best fixed k 0.95 -> 0.98, worst prompt / target-only 0.97 -> 0.99). At a verify width j the bound
+             is less z min(1, c(j) / c(0) - 1) standard errors (`stake_z`): caution in proportion to what a
              wrong verify costs over a target-only step (pre-packed, k = 2 at 1.11 c(0) is cheap to be
              wrong about; without pre-packing, at 1.78-2.19 c(0), about the full z stays). Replayed, 48
              prompts x 30 seeds of 10% cost noise: prompt lookup +1.1% and +0.7%, auto / best fixed k
@@ -109,8 +111,9 @@ Rule
     drafts at the k it promises, as the request's next steps do until its own trials take over: the probe
     spent a step of every short request at k = 2 (replayed, the hybrid at auto +1.2% pre-packed, +0.7%
     without). The price is one wide step where a request's drafts all fail after many good requests: in
-    simulation (tests/test_autok.py's costs, draft pass 0.2-0.45 c(0)) such a request ran 0.92-0.93x
-    target-only against 0.93-0.94x with the probe. While the point estimate says no k pays but its upper
+    simulation (tests/test_autok.py's costs, draft pass 0.2-0.45 c(0)) such a request ran 0.956-0.958x
+    target-only against 0.964-0.969x with the probe (`fits_prior` ends its drafting after two failed steps;
+    with the prior's full weight, 0.92-0.93x and 0.93-0.94x). While the point estimate says no k pays but its upper
     bound (+ `z_upper` standard errors over all the request's trials and its prior's) says one does, the k
     that pays most at the upper bound drafts (evidence is gathered, not assumed; with only the smallest k
     allowed here, a draft whose smallest k cannot pay was turned off for the rest of a request by two

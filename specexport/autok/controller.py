@@ -31,6 +31,7 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     z_upper: float = 1.0  # a draft model keeps learning while its estimate + z_upper SE pays at some k
     prior_weight: float = 1.0  # pseudo-trials the running estimate is worth to a new request (prompt lookup)
     model_prior_weight: float = 8.0  # a draft model's prior: 8 pseudo-trials, half-weight after 16 of its own
+    prior_doubt: float = 0.05  # P(a request's drafts are unlike the other requests'), before its evidence (fits_prior)
     trust_prior: bool = True  # once that prior is settled, a request's first step drafts at its k (not the probe k)
     chunk_guess: float = 8.0  # an unmeasured catch-up prefill chunk is guessed at this many draft passes
     copy_catch_up: bool = False  # the draft's own cache is copied from the target's (drafters.ModelDrafter.link_kv)
