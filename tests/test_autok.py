@@ -240,11 +240,12 @@ def test_row_by_row_engines_estimate_unmeasured_batches_per_row():
     assert _ctl().verify_cost(2, 16) is None  # nothing measured at 16 yet: target-only first
 
 
-def _model_run(ctl: AutoK, steps: int, accept, draft_pass: float, rows=1, costs=COSTS, cost=None, free=None,
+def _model_run(ctl: AutoK, steps: int, accept, draft_pass, rows=1, costs=COSTS, cost=None, free=None,
                switch: float = 0.0):
     """Drive a draft-model controller with hand-forced acceptance; -> the k of every step. cost(step, k): the
     step's seconds (default costs[k]), plus `switch` for a target-only step right after a speculative one (the
-    graph switch); free(step): every row matched lookup (a hybrid's free step: the largest k, no draft pass)."""
+    graph switch); free(step): every row matched lookup (a hybrid's free step: the largest k, no draft pass);
+    draft_pass: a pass's seconds, or draft_pass(step)."""
     states = [RowState() for _ in range(rows)]
     ks = []
     for step in range(steps):
@@ -252,7 +253,8 @@ def _model_run(ctl: AutoK, steps: int, accept, draft_pass: float, rows=1, costs=
         k = ctl.plan(rows, states, free=True) if lookup else ctl.plan(rows, states)
         ks.append(k)
         c = (cost(step, k) if cost else costs[k]) + (switch if k == 0 and len(ks) > 1 and ks[-2] > 0 else 0.0)
-        ctl.observe_costs(rows, k, c, 0 if lookup else k, 0.0 if lookup else k * draft_pass)
+        d = draft_pass(step) if callable(draft_pass) else draft_pass
+        ctl.observe_costs(rows, k, c, 0 if lookup else k, 0.0 if lookup else k * d)
         for r in states:
             if k:
                 n = k if accept(step) else 0
@@ -450,6 +452,28 @@ def test_a_width_priced_out_by_stalls_is_run_again_once_stale():
     lookup = _ctl()  # prompt lookup picks a width per step from its proposals: no width is ever stale
     lookup.steps += 10 * lookup.refresh
     assert not lookup.stale(("verify", 8, 1)) and lookup.verify_cost(8, 1) == COSTS[8]
+
+
+def test_a_draft_priced_out_by_contention_drafts_again_once_stale():
+    """A burst of CPU contention (10 steps whose draft passes cost 7.5x) priced d so high that no k could pay
+    even with every draft accepted: the model went off and, with no probe where nothing can pay, never drafted
+    again (seen in a real run: another process's tests on the 2-core host, d believed 1.35 c(0) where a pass runs
+    at 0.40, 217 target-only steps in a row). A d not measured for `refresh` steps is now priced at its lowest
+    median: one probe at the smallest k re-measures it, its sample replacing the burst's. Where the contention
+    stays, that probe is all it costs per `refresh` steps."""
+    burst = range(50, 60)
+    for verify in (1, 3):  # the verifies slowed by the burst too: every width stale, priced at its lowest median
+        ctl = _ctl(free=False, draft_pass=0.2)
+        ks = _model_run(ctl, 300, lambda s: True, lambda s: 1.5 if s in burst else 0.2,
+                        cost=lambda s, k: COSTS[k] * (verify if k and s in burst else 1))
+        off = ks.index(0, 50)
+        assert ks[off:off + 32] == [0] * 32  # off while the burst's d is fresh
+        back = next(i for i in range(off, 300) if ks[i])
+        assert back - off <= ctl.refresh + 1 and ks[back] == min(KS)  # stale: a probe at the smallest k
+        assert ks[back + 1:].count(max(KS)) >= 0.9 * (300 - back - 1)  # then drafting as before the burst
+    ctl = _ctl(free=False, draft_pass=0.2)
+    ks = _model_run(ctl, 400, lambda s: True, lambda s: 1.5 if s >= 50 else 0.2)  # the contention stays
+    assert sum(k > 0 for k in ks[100:]) <= 300 // ctl.refresh + 1 and set(ks[100:]) <= {0, min(KS)}
 
 
 def test_refresh_counts_must_be_at_least_one():

@@ -157,9 +157,14 @@ Rule
   verify looked cheaper than a target-only step for 64 steps. While c(0) has only its first sample (set-up
   heavy: 31.8 against 21.7 ms), the first refresh comes after `refresh_first` (8) steps, not 64.
   A width not run for `refresh` steps is stale: it is priced at most on the line through c(0) and the most
-  recently measured other width, so it runs again where that pays, and its new sample replaces the old ones.
-  Before, a burst of stalls priced c(8) at 2.7 c(0) (it ran at 1.4), and auto ran k = 4 for the rest of the run
-  without measuring k = 8 again (stop 48: 0.959 of fixed k = 8 over 24 prompts).
+  recently measured other width (where every other width is stale too, at its own lowest median), so it runs
+  again where that pays, and its new sample replaces the old ones. Before, a burst of stalls priced c(8) at 2.7
+  c(0) (it ran at 1.4), and auto ran k = 4 for the rest of the run without measuring k = 8 again (stop 48: 0.959
+  of fixed k = 8 over 24 prompts). Likewise a draft pass d not measured for `refresh` steps is priced at most at
+  its lowest median, and the model drafts at most the probe k until a new sample replaces the old ones: a burst
+  of CPU contention priced d at 1.35 c(0) (it runs at 0.40), no k could pay even if every draft were accepted,
+  so no probe ran, and the model stayed off for good (stop 49). Where the contention stays, it costs one probe
+  per `refresh` steps.
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
 mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence (its
 own and the running estimate's) is thin, then only within the 2% budget.

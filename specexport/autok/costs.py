@@ -34,6 +34,7 @@ class Costs:
     when: dict = field(default_factory=dict)  # key -> the step it was last measured at
     median: dict = field(default_factory=dict)  # key -> the median of its samples (kept current)
     low: set = field(default_factory=set)  # keys whose median of an even number is the lower middle
+    floor: dict = field(default_factory=dict)  # key -> the lowest median it has had (AutoK prices a stale key at it)
 
     def observe(self, key, seconds: float, step: int = 0, strict: bool = False, low: bool = False) -> None:
         if low:
@@ -58,7 +59,8 @@ class Costs:
     def _update(self, key) -> None:
         xs = sorted(v for _, v in self.samples[key])
         n = len(xs)
-        self.median[key] = xs[(n - 1) // 2] if n % 2 or key in self.low else (xs[n // 2 - 1] + xs[n // 2]) / 2
+        m = self.median[key] = xs[(n - 1) // 2] if n % 2 or key in self.low else (xs[n // 2 - 1] + xs[n // 2]) / 2
+        self.floor[key] = min(self.floor.get(key, m), m)
 
     def get(self, key, estimate: float | None = None) -> float | None:
         """The measurement; once only measured once, the lower of it and `estimate`."""
@@ -86,7 +88,7 @@ class Pricing:
             v = self.costs.get(("verify", j, Bb))
             if self.stale(("verify", j, Bb)):  # not run for `refresh` steps: a stall may have priced it out
                 line = self._fresh_line(j, Bb, c0)
-                v = v if line is None else min(v, line)
+                v = min(v, self.costs.floor[("verify", j, Bb)] if line is None else line)
             return v
         estimate = c0 * (1.0 + 0.05 * j) * (Bb if self.row_by_row else 1)
         near = sorted((abs(math.log2(b) - math.log2(Bb)), b) for (kind, jj, b) in self.costs.median
@@ -108,7 +110,8 @@ class Pricing:
         return self.costs.get(("verify", j, Bb), estimate)
 
     def stale(self, key) -> bool:
-        """A draft model's measured cost not re-measured for `refresh` steps (auto has not run that width since).
+        """A draft model's measured cost not re-measured for `refresh` steps (auto has not run that width, or
+        drafted, since).
         Not prompt lookup's: it picks a width per step from the proposals, and a line through c(0) that prices a
         width low (without pre-packing c(2) = 1.00 c(0), c(8) = 1.19) only spent verifies there (replayed: its
         lowest prompt 0.990 -> 0.977 at the worst seed)."""
@@ -129,8 +132,15 @@ class Pricing:
         return c0 + max(self.costs.get(("verify", jj, Bb)) - c0, 0.0) * j / jj
 
     def draft_cost(self, k: int, B: int) -> float | None:
-        """d(B) times the passes a k-token draft is expected to run (`passes`)."""
-        d = self.costs.get(("draft", 1, bucket(B)))
+        """d(B) times the passes a k-token draft is expected to run (`passes`). A stale d (no pass run for
+        `refresh` steps) is priced at most at the lowest median it has had: a burst of CPU contention (another
+        process on the 2-core host) priced a pass at 1.35 c(0), where it runs at 0.40, and the model stayed off
+        for the rest of the run, since no probe runs where no k could pay even if every draft were accepted.
+        ModelPlan.plan then drafts at most the probe k, whose sample replaces the old ones (observe_costs)."""
+        key = ("draft", 1, bucket(B))
+        d = self.costs.get(key)
+        if d is not None and self.stale(key):
+            d = min(d, self.costs.floor[key])
         return None if d is None else d * self.passes(k, B)
 
     def passes(self, k: int, B: int) -> float:

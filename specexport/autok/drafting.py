@@ -61,7 +61,8 @@ class ModelPlan:
         if self.draft_cost(1, B) is None:  # the draft's cost at this bucket is unknown: one probe measures it
             return kmin
         catch_up = self.catch_up(missing, B)[0]
-        fresh = any(r.spec_steps == 0 for r in rows) and not self.prior_settled()
+        fresh = any(r.spec_steps == 0 for r in rows) and not self.prior_settled() \
+            or self.stale(("draft", 1, bucket(B)))  # (a stale d is re-measured at the probe k: draft_cost)
         kmin = self.probe_k(B, c0, catch_up)
         best, best_rate = 0, (1 + self.margin) * len(rows) / c0
         for k in self.ks:

@@ -30,8 +30,9 @@ class Observations:
         else:  # a stale width's new sample replaces its old ones (Pricing._fresh_line)
             key = ("verify", j, Bb)
             self.costs.observe(key, verify_s, t, strict or (j > 0 and self.stale(key)), low=j == 0)
-        if draft_passes:
-            self.costs.observe(("draft", 1, Bb), draft_s / draft_passes, t)
+        if draft_passes:  # (a stale d's new sample replaces its old ones, Pricing.draft_cost)
+            key = ("draft", 1, Bb)
+            self.costs.observe(key, draft_s / draft_passes, t, self.stale(key))
         if catch_up_calls:
             self.costs.observe(("catch_up", catch_up_by, Bb), catch_up_s / catch_up_calls, t)
 
