@@ -409,7 +409,7 @@ class Batch:
             self.auto.observe_costs(B, kd, t3 - t1, passes, t1 - t0 - catch_up_s, catch_up_calls,
                                     catch_up_s, catch_up_by)
             self.auto.end_step(k if model_ran or not isinstance(d, HybridDrafter) else 0,
-                               [self.acc[b] for b in rows])  # a hybrid's model: its own first step stays a probe
+                               [self.acc[b] for b in rows])  # a hybrid's model: its own first step is its first
         for r, _ in events:
             r.stats.draft_s += t1 - t0
             r.stats.verify_s += t2 - t1

@@ -117,12 +117,13 @@ Rule
     bound (+ `z_upper` standard errors over all the request's trials and its prior's) says one does, the k
     that pays most at the upper bound drafts (evidence is gathered, not assumed; with only the smallest k
     allowed here, a draft whose smallest k cannot pay was turned off for the rest of a request by two
-    rejections). A new request's prompt
-    is prefilled into the draft at admission (as at a fixed k) unless the measured costs say the probe k does
-    not pay even at a fresh request's upper bound, with the catch-up the batch's running rows need first;
-    otherwise the draft catches up if drafting turns on.
+    rejections; a request's first step learns at most at the probe k, its prior settled or not). A new
+    request's prompt is prefilled into the draft at admission (as at a fixed k) unless the measured costs say
+    the probe k (once the prior is settled: any k) does not pay even at a fresh request's upper bound, with
+    the catch-up the batch's running rows need first; otherwise the draft catches up if drafting turns on.
     While off, the counts stay frozen and a probe (the probe k) runs only if the draft could pay at all
-    (if every draft were accepted, some k would beat target-only), and then either
+    (if every draft were accepted, some k would beat target-only, at the lowest median each cost has had:
+    `could_pay`; a pass cost with one sample rules nothing out), and then either
       - the point estimate says it pays (an expected gain; only the confidence bound is not convinced yet), or
       - its expected loss fits `explore` (2%) of the time spent off since the last probe, and at least
         `probe_every` steps have passed, doubling after each such probe.
@@ -157,14 +158,13 @@ Rule
   verify looked cheaper than a target-only step for 64 steps. While c(0) has only its first sample (set-up
   heavy: 31.8 against 21.7 ms), the first refresh comes after `refresh_first` (8) steps, not 64.
   A width not run for `refresh` steps is stale: it is priced at most on the line through c(0) and the most
-  recently measured other width (where every other width is stale too, at its own lowest median), so it runs
-  again where that pays, and its new sample replaces the old ones. Before, a burst of stalls priced c(8) at 2.7
-  c(0) (it ran at 1.4), and auto ran k = 4 for the rest of the run without measuring k = 8 again (stop 48: 0.959
-  of fixed k = 8 over 24 prompts). Likewise a draft pass d not measured for `refresh` steps is priced at most at
-  its lowest median, and the model drafts at most the probe k until a new sample replaces the old ones: a burst
-  of CPU contention priced d at 1.35 c(0) (it runs at 0.40), no k could pay even if every draft were accepted,
-  so no probe ran, and the model stayed off for good (stop 49). Where the contention stays, it costs one probe
-  per `refresh` steps.
+  recently measured other width, so it runs again where that pays, and its new sample replaces the old ones.
+  Before, a burst of stalls priced c(8) at 2.7 c(0) (it ran at 1.4), and auto ran k = 4 for the rest of the run
+  without measuring k = 8 again (stop 48: 0.959 of fixed k = 8 over 24 prompts). A draft pass cost not
+  measured for `refresh` steps is stale too: its new sample (a probe's) replaces the old ones. Before
+  `could_pay` judged at the lowest costs seen, a burst of CPU contention priced d at 1.35 c(0) (it runs at
+  0.40), no k could pay even if every draft were accepted, so no probe ran, and the model stayed off for good
+  (stop 49); now the probes re-measure it within their budget.
 Why it holds: a lookup step is a verify only when its expected rate beats the measured target-only rate;
 mistakes cost one verify each and teach a_b; a draft model is tried at the probe k while its evidence (its
 own and the running estimate's) is thin, then only within the 2% budget.

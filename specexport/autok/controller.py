@@ -72,6 +72,8 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     _last: tuple = (0, 0)  # (j, bucket) of the last observed step
 
     def __post_init__(self):
+        if not 0.0 <= self.prior_doubt < 1.0:
+            raise ValueError(f"AutoK.prior_doubt is {self.prior_doubt}: a probability in [0, 1) (default 0.05)")
         for name in ("refresh", "refresh_first", "refresh_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AutoK.{name} is {getattr(self, name)}: it counts steps, at least 1 (defaults: "

@@ -34,12 +34,15 @@ class Costs:
     when: dict = field(default_factory=dict)  # key -> the step it was last measured at
     median: dict = field(default_factory=dict)  # key -> the median of its samples (kept current)
     low: set = field(default_factory=set)  # keys whose median of an even number is the lower middle
-    floor: dict = field(default_factory=dict)  # key -> the lowest median it has had (AutoK prices a stale key at it)
+    floor: dict = field(default_factory=dict)  # key -> the lowest median it had before its newest sample (one
+    # behind, so that a verify's sample has had its graph-switch charge, `add_to_last`): AutoK.could_pay
 
     def observe(self, key, seconds: float, step: int = 0, strict: bool = False, low: bool = False) -> None:
         if low:
             self.low.add(key)
         n = self.count.get(key, 0)
+        if key in self.median:
+            self.floor[key] = min(self.floor.get(key, self.median[key]), self.median[key])
         self.count[key] = n + 1
         self.when[key] = step
         old = [] if n == 1 else self.samples.get(key, [])
@@ -59,8 +62,7 @@ class Costs:
     def _update(self, key) -> None:
         xs = sorted(v for _, v in self.samples[key])
         n = len(xs)
-        m = self.median[key] = xs[(n - 1) // 2] if n % 2 or key in self.low else (xs[n // 2 - 1] + xs[n // 2]) / 2
-        self.floor[key] = min(self.floor.get(key, m), m)
+        self.median[key] = xs[(n - 1) // 2] if n % 2 or key in self.low else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
     def get(self, key, estimate: float | None = None) -> float | None:
         """The measurement; once only measured once, the lower of it and `estimate`."""
@@ -73,6 +75,11 @@ class Costs:
 
     def settled(self, key) -> bool:
         return self.count.get(key, 0) >= 2
+
+    def lowest(self, key) -> float:
+        """The lowest median the key has had (its floor, or its median now if lower)."""
+        v = self.median[key]
+        return min(self.floor.get(key, v), v)
 
 
 class Pricing:
@@ -88,7 +95,7 @@ class Pricing:
             v = self.costs.get(("verify", j, Bb))
             if self.stale(("verify", j, Bb)):  # not run for `refresh` steps: a stall may have priced it out
                 line = self._fresh_line(j, Bb, c0)
-                v = min(v, self.costs.floor[("verify", j, Bb)] if line is None else line)
+                v = v if line is None else min(v, line)
             return v
         estimate = c0 * (1.0 + 0.05 * j) * (Bb if self.row_by_row else 1)
         near = sorted((abs(math.log2(b) - math.log2(Bb)), b) for (kind, jj, b) in self.costs.median
@@ -132,16 +139,29 @@ class Pricing:
         return c0 + max(self.costs.get(("verify", jj, Bb)) - c0, 0.0) * j / jj
 
     def draft_cost(self, k: int, B: int) -> float | None:
-        """d(B) times the passes a k-token draft is expected to run (`passes`). A stale d (no pass run for
-        `refresh` steps) is priced at most at the lowest median it has had: a burst of CPU contention (another
-        process on the 2-core host) priced a pass at 1.35 c(0), where it runs at 0.40, and the model stayed off
-        for the rest of the run, since no probe runs where no k could pay even if every draft were accepted.
-        ModelPlan.plan then drafts at most the probe k, whose sample replaces the old ones (observe_costs)."""
-        key = ("draft", 1, bucket(B))
-        d = self.costs.get(key)
-        if d is not None and self.stale(key):
-            d = min(d, self.costs.floor[key])
+        """d(B) times the passes a k-token draft is expected to run (`passes`)."""
+        d = self.costs.get(("draft", 1, bucket(B)))
         return None if d is None else d * self.passes(k, B)
+
+    def could_pay(self, B: int, c0: float) -> bool:
+        """Could a draft model pay at all here: would some k beat target-only if every draft were accepted, at the
+        lowest median each cost has had (`Costs.floor`)? Where not, no probe runs. At the costs as believed, a
+        burst of CPU contention (another process on the 2-core host) priced a pass at 1.35 c(0), where it runs at
+        0.40: no k could pay, so no probe ran and the model stayed off for the rest of the run (217 target-only
+        steps in a row). At the floor, probes run within the exploration budget (ModelPlan._maybe_probe, which
+        prices their loss at the costs as believed), and a stale pass cost's new sample replaces the old ones
+        (observe_costs). A pass cost with one sample (set-up heavy, perhaps) rules nothing out."""
+        key, Bb = ("draft", 1, bucket(B)), bucket(B)
+        if not self.costs.settled(key):
+            return True
+        d = self.costs.lowest(key)
+        for k in self.ks:
+            v = self.verify_cost(k, B)
+            if ("verify", k, Bb) in self.costs.median:
+                v = min(v, self.costs.lowest(("verify", k, Bb)))
+            if self.model_tokens(1.0, k, 1.0) / (d * self.passes(k, B) + v) > 1 / c0:
+                return True
+        return False
 
     def passes(self, k: int, B: int) -> float:
         """Expected passes of a k-token chained draft over B rows: each row ends at a near-tie (drafters.py, the

@@ -61,8 +61,8 @@ class ModelPlan:
         if self.draft_cost(1, B) is None:  # the draft's cost at this bucket is unknown: one probe measures it
             return kmin
         catch_up = self.catch_up(missing, B)[0]
-        fresh = any(r.spec_steps == 0 for r in rows) and not self.prior_settled() \
-            or self.stale(("draft", 1, bucket(B)))  # (a stale d is re-measured at the probe k: draft_cost)
+        first = any(r.spec_steps == 0 for r in rows)
+        fresh = first and not self.prior_settled()
         kmin = self.probe_k(B, c0, catch_up)
         best, best_rate = 0, (1 + self.margin) * len(rows) / c0
         for k in self.ks:
@@ -73,7 +73,8 @@ class ModelPlan:
             if rate > best_rate:
                 best, best_rate = k, rate
         if not best:  # too little evidence to rule drafting out: keep learning at the k whose upper bound pays most
-            up = {k: self._model_rate(B, rows, k, catch_up, self.upper) for k in self.ks if not (fresh and k > kmin)}
+            # (a request's first step at most at the probe k: its prior, settled or not, says no k pays)
+            up = {k: self._model_rate(B, rows, k, catch_up, self.upper) for k in self.ks if not (first and k > kmin)}
             k = max(up, key=up.get)
             if up[k] > best_rate:
                 best = k
@@ -137,7 +138,8 @@ class ModelPlan:
             return True
         catch_up = self.catch_up(missing, B)[0]
         kmin = self.probe_k(B, c0, catch_up)  # a fresh request's first step, at most at its upper bound
-        return self._model_rate(B, [RowState()], kmin, catch_up, self.upper) > (1 + self.margin) / c0
+        ks = self.ks if self.prior_settled() else (kmin,)  # (once the prior is settled, at any k: plan)
+        return max(self._model_rate(B, [RowState()], k, catch_up, self.upper) for k in ks) > (1 + self.margin) / c0
 
     def probe_k(self, B: int, c0: float, catch_up: float = 0.0) -> int:
         """The k of a probe and of a request's first step: the smallest that could pay if every draft were
@@ -154,9 +156,8 @@ class ModelPlan:
         self.off_steps += 1
         self.off_seconds += c0
         self.interval = self.interval or self.probe_every
-        if all(self.model_tokens(1.0, kk, 1.0) / (self.draft_cost(kk, B) + self.verify_cost(kk, B)) <= 1 / c0
-               for kk in self.ks):
-            return 0  # cannot pay even if every draft were accepted
+        if not self.could_pay(B, c0):
+            return 0  # cannot pay even if every draft were accepted, at the lowest costs seen
         cost = self.draft_cost(k, B) + self.verify_cost(k, B)
         loss = cost + catch_up - c0 * sum(self.model_tokens(self.acceptance(r), k) for r in rows) / len(rows)
         if loss <= 0:  # the point estimate says it pays, only its confidence bound does not yet: more evidence
