@@ -99,8 +99,8 @@ class Estimates:
         the running estimate a (prior 1 - `prior_doubt`) or at an acceptance of its own, uniform on [0, 1]. With
         n accepted and r rejected (decayed counts), the likelihoods are a^n (1 - a)^r and B(n + 1, r + 1). Two
         rejections and nothing accepted against a = 0.98 leave the prior (0.03), two accepted then one rejected
-        do not (0.80; decayed counts). With the prior's full weight, a request whose drafts all failed after requests that
-        accepted them drafted on for 12 steps (hand-forced costs: 0.92-0.94x target-only; 0.96 now)."""
+        do not (0.80; decayed counts). With the prior's full weight, a request whose drafts all failed after
+        requests that accepted them drafted on for 12 steps (hand-forced costs: 0.92-0.94x target-only; 0.96 now)."""
         if not self.prior_doubt or not acc.evidence:
             return 1.0
         a = min(max(self.prior(source), 0.01), 0.99)
