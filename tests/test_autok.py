@@ -525,6 +525,9 @@ def test_refresh_counts_must_be_at_least_one():
     for name in ("refresh", "refresh_first", "refresh_steps"):
         with pytest.raises(ValueError, match=name):
             AutoK(KS, free_drafts=False, **{name: 0})
+    for doubt in (1.0, -0.1):  # and prior_doubt is a probability below 1 (fits_prior divides by 1 - it)
+        with pytest.raises(ValueError, match="prior_doubt"):
+            AutoK(KS, free_drafts=False, prior_doubt=doubt)
 
 
 def test_a_refresh_interrupted_by_a_lookup_step_leaves_nothing_behind():

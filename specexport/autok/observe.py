@@ -30,7 +30,7 @@ class Observations:
         else:  # a stale width's new sample replaces its old ones (Pricing._fresh_line)
             key = ("verify", j, Bb)
             self.costs.observe(key, verify_s, t, strict or (j > 0 and self.stale(key)), low=j == 0)
-        if draft_passes:  # (a stale d's new sample replaces its old ones, Pricing.draft_cost)
+        if draft_passes:  # (a stale d: a probe's new sample replaces its old ones, Pricing.could_pay)
             key = ("draft", 1, Bb)
             self.costs.observe(key, draft_s / draft_passes, t, self.stale(key))
         if catch_up_calls:
