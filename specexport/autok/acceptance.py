@@ -84,12 +84,16 @@ class Estimates:
         """Source 0 of a drafter with a model (model or hybrid) is the model; lookup sources are n-gram lengths."""
         return source == 0 and not self.free_drafts
 
+    def prior_cap(self, source: int) -> float:
+        """The most pseudo-trials the running estimate can be worth: no more than its own evidence (+ 1)."""
+        g = self.global_acc.get(source)
+        return (g.evidence if g is not None else 0.0) + 1.0
+
     def _prior_weight(self, source: int, acc: RowAcceptance) -> float:
         """Pseudo-trials of the running estimate in a request's estimate; the request's own evidence takes
         over as it grows, and a draft model's prior counts only as far as it explains that evidence
         (`fits_prior`)."""
-        g = self.global_acc.get(source)
-        cap = (g.evidence if g is not None else 0.0) + 1.0  # a prior is worth no more than its own evidence
+        cap = self.prior_cap(source)
         if self.is_model(source):
             return min(self.model_prior_weight * 16 / (16 + acc.trials), cap) * self.fits_prior(source, acc)
         return min(self.prior_weight * 4 / (4 + acc.trials), cap)

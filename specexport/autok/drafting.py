@@ -106,8 +106,7 @@ class ModelPlan:
         the probe k (`trust_prior` off: always). The probe k cost a hybrid's short requests a step: replayed
         (10% cost noise, 4 seeds), the hybrid at auto 2.128 -> 2.152x target-only pre-packed and 2.840 -> 2.860x
         without pre-packing, the model alone 1.714 -> 1.718x and 2.609 -> 2.628x."""
-        g = self.global_acc.get(0)
-        return self.trust_prior and g is not None and g.evidence + 1.0 >= self.model_prior_weight
+        return self.trust_prior and self.prior_cap(0) >= self.model_prior_weight
 
     def _refresh_moved(self, key) -> bool:
         """Is c(0)'s newest sample the last refresh's last step, more than `refresh_tol` above the c(0) believed
