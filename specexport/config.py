@@ -22,6 +22,7 @@ class QuantSpec:
     symmetric: bool = False
     accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations (fast on CPU), 0 = as the input type
     mins: bool = False  # a float minimum per block (GGUF's Q4_1, Q5_1, Q4_K, Q5_K), added as min @ blocksum(x)
+    pooled: bool = False  # (with mins) stored as block_size * min, the term exported as AveragePool(x) @ them
 
     def __post_init__(self):
         if self.bits not in (4, 8):

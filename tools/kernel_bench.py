@@ -17,7 +17,10 @@ within a run as the runtime's sessions do; without spinning the int8 and int4 va
   engines, and what bounds prompt lookup there;
 - FusedMatMul (transB), MatMul over pre-transposed weights and Gemm run within 3% of each other;
 - `q4_1` (stop 45): a GGUF Q4_1 linear as stored, its block minimums' term in several exact forms (README, "GGUF
-  weights as stored"): as built it adds 0.24-0.38x to the kernel's time; no other form was cheaper;
+  weights as stored"): Reshape + ReduceSum + MatMul + Add added 0.24-0.38x to the kernel's time; stop 50 (an Intel
+  host with AMX, where it added 0.46-0.52x) built `pool` (block means by one AveragePool, the minimums stored times
+  the block size: 0.37-0.39x); `ext` (the kernel's own extra output columns summing each block, then a Split) was
+  slower than either (0.64-0.71x);
 - `--mlp`: the fused gate/up linear and its Split against two linears (ONNX Runtime GenAI's form): the fused one
   is 1.06-1.08x faster; the Split's large share in ONNX Runtime's profiles is the profiler's own. Stop 41 added the
   MLP as one QMoE node (ONNX Runtime 1.32's CPU kernel, one expert, SwiGLU inside): no faster at one row and
@@ -28,6 +31,7 @@ within a run as the runtime's sessions do; without spinning the int8 and int4 va
     python tools/kernel_bench.py --mlp --variants fp32,int4:b32
     python tools/kernel_bench.py --mlp --variants int8:b64,int4:b32 --rows 1,3,9
     python tools/kernel_bench.py --variants q4_1:nomin,q4_1,q4_1:nozp,q4_1:indicator,q4_1:einsum --rows 1,2 --reps 40
+    python tools/kernel_bench.py --variants q4_1:nomin,q4_1,q4_1:pool,q4_1:ext --rows 1,2 --reps 30
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from onnx import TensorProto, helper, numpy_helper
 D, F, LAYERS = 576, 1536, 30
 LINEARS = [("qkv", 960, D), ("o", D, D), ("gate_up", 2 * F, D), ("down", D, F)]  # (name, out, in)
 VARIANTS = ("fp32", "fp32:matmul", "fp32:gemm", "int8:b128", "int8:b32", "int4:b32", "dq8")
-Q4_1 = ("q4_1", "q4_1:nomin", "q4_1:nozp", "q4_1:indicator", "q4_1:einsum")  # (not in the default set)
+Q4_1 = ("q4_1", "q4_1:nomin", "q4_1:nozp", "q4_1:indicator", "q4_1:einsum", "q4_1:ext",  # (not in the default set)
+        "q4_1:pool")
 FCS = (("fc1", 2 * F, D), ("fc2", D, F))  # an MLP's two QMoE weights: gate/up (interleaved) and down (name, out, in)
 
 
@@ -101,10 +106,13 @@ class _Graph:
 
     def q4_1(self, x: str, y: str, n: int, k: int, form: str) -> None:
         """y = MatMulNBits(x) + blocksum(x) @ mins (models/quant.py), the minimums' term in one of these forms:
-        "terms" (as built: Reshape, ReduceSum, MatMul, Add), "nomin" (none: the kernel alone), "nozp" (as built, no
-        zero-point input), "indicator" (a MatMul by a 0/1 block indicator in place of Reshape and ReduceSum),
-        "einsum" (Reshape, then one Einsum)."""
+        "terms" (before stop 50: Reshape, ReduceSum, MatMul, Add), "pool" (as built since: AveragePool, MatMul,
+        Add), "nomin" (none: the kernel alone), "nozp" (the terms, no zero-point input), "indicator" (a MatMul by a
+        0/1 block indicator in place of Reshape and ReduceSum), "einsum" (Reshape, then one Einsum), "ext"
+        (q4_1_ext)."""
         w, rng, nb = f"w{len(self.inits)}", self.rng, k // 32
+        if form == "ext":
+            return self.q4_1_ext(x, y, n, k)
         self.weight(rng.integers(0, 256, size=(n, nb, 16), dtype=np.uint8), w + "q")
         self.weight(rng.random(n * nb, dtype=np.float32) * 0.01, w + "s")
         ins = [x, w + "q", w + "s"]
@@ -121,6 +129,8 @@ class _Graph:
         if form == "indicator":
             self.inits.append(numpy_helper.from_array(np.repeat(np.eye(nb, dtype=np.float32), 32, axis=0), w + "S"))
             self.nodes.append(helper.make_node("MatMul", [x, w + "S"], [w + "xs"]))
+        elif form == "pool":  # x [1, T, k] is (N, C, L) to a 1-D pool: block means, the mins times 32 (exact)
+            self.nodes.append(helper.make_node("AveragePool", [x], [w + "xs"], kernel_shape=[32], strides=[32]))
         elif form == "einsum":
             self.inits.append(shape)
             self.nodes += [helper.make_node("Reshape", [x, w + "shape"], [w + "r"]),
@@ -133,6 +143,27 @@ class _Graph:
                            helper.make_node("ReduceSum", [w + "r", w + "ax"], [w + "xs"], keepdims=0)]
         self.nodes += [helper.make_node("MatMul", [w + "xs", w + "m"], [w + "mm"]),
                        helper.make_node("Add", [out, w + "mm"], [y])]
+
+    def q4_1_ext(self, x: str, y: str, n: int, k: int) -> None:
+        """"ext": the kernel computes the block sums too, as nb more output columns whose codes are 1 on their
+        block (scale 1, zero point 0) and 0 elsewhere; a Split, then the minimums' MatMul and Add."""
+        w, rng, nb = f"w{len(self.inits)}", self.rng, k // 32
+        codes = rng.integers(0, 256, size=(n + nb, nb, 16), dtype=np.uint8)
+        codes[n:] = 0
+        codes[n + np.arange(nb), np.arange(nb)] = 0x11  # two 4-bit codes of 1 per byte
+        scales = rng.random((n + nb) * nb, dtype=np.float32) * 0.01
+        scales[n * nb:] = 1.0
+        self.weight(codes, w + "q")
+        self.weight(scales, w + "s")
+        self.weight(np.zeros((n + nb) * -(-nb // 2), dtype=np.uint8), w + "z")
+        self.nodes.append(helper.make_node("MatMulNBits", [x, w + "q", w + "s", w + "z"], [y + "ext"],
+                                           domain="com.microsoft", K=k, N=n + nb, bits=4, block_size=32,
+                                           accuracy_level=4))
+        self.weight(rng.standard_normal((nb, n), dtype=np.float32) * 0.01, w + "m")
+        self.inits.append(numpy_helper.from_array(np.array([n, nb], np.int64), w + "split"))
+        self.nodes += [helper.make_node("Split", [y + "ext", w + "split"], [y + "nb", w + "xs"], axis=-1),
+                       helper.make_node("MatMul", [w + "xs", w + "m"], [w + "mm"]),
+                       helper.make_node("Add", [y + "nb", w + "mm"], [y])]
 
     def qmoe(self, x: str, y: str) -> None:
         """y = the MLP of x as one QMoE node (one expert; the variant's bits and block, int8 activations)."""

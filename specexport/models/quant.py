@@ -136,20 +136,26 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_codes(cls, bc, accuracy_level: int = 4, bias: torch.Tensor | None = None) -> "QuantLinear":
-        """A layer over GGUF codes as stored (gguf_quant.BlockCodes): nothing is re-quantized."""
+        """A layer over GGUF codes as stored (gguf_quant.BlockCodes): nothing is re-quantized. Minimums are kept
+        pooled (times the block size: exact, a power of two), for the export's block means (`forward`)."""
         N, K = bc.shape
         nb = K // bc.block
         symmetric = bool((bc.zeros == 2 ** (bc.bits - 1)).all())
         spec = QuantSpec(bits=bc.bits, block_size=bc.block, symmetric=symmetric, accuracy_level=accuracy_level,
-                         mins=bc.mins is not None)
+                         mins=bc.mins is not None, pooled=bc.mins is not None)
         layer = cls(None, spec, (N, K), bias)
         layer.qweight.copy_(_pack(torch.from_numpy(bc.codes).reshape(N, nb, bc.block), bc.bits))
         layer.scales.copy_(torch.from_numpy(bc.scales).reshape(-1))
         if not symmetric:
             layer.zero_points.copy_(_pack(torch.from_numpy(bc.zeros), bc.bits).reshape(-1))
         if bc.mins is not None:
-            layer.mins.copy_(torch.from_numpy(np.ascontiguousarray(bc.mins.T)))
+            layer.mins.copy_(torch.from_numpy(np.ascontiguousarray(bc.mins.T)) * bc.block)
         return layer
+
+    def block_mins(self) -> torch.Tensor:
+        """[nb, out] float32: each block's minimum as GGUF stores it (the buffer holds block_size times it when
+        the spec is `pooled`; dividing by a power of two gives it back exactly)."""
+        return self.mins / self.spec.block_size if self.spec.pooled else self.mins
 
     def dequantized(self) -> torch.Tensor:
         """[out, in] float32: scale * (code - zero) (+ min), in that order (bit for bit GGUF's dequantize)."""
@@ -160,7 +166,8 @@ class QuantLinear(nn.Module):
             w = dequantize_weight(q, self.spec, self.in_features)
             if self.mins is not None:
                 nb, N = self.mins.shape
-                w = (w[:, :nb * self.spec.block_size].reshape(N, nb, -1) + self.mins.t()[..., None]).reshape(N, -1)
+                mins = self.block_mins().t()[..., None]
+                w = (w[:, :nb * self.spec.block_size].reshape(N, nb, -1) + mins).reshape(N, -1)
             self._weight = w
         return self._weight
 
@@ -171,11 +178,15 @@ class QuantLinear(nn.Module):
         else:  # exported: MatMulNBits over the codes (+ the block minimums' term; values here only give shapes)
             y = _MatMulNBits.apply(x, self.qweight, self.scales, self.zero_points, self.in_features,
                                    self.out_features, s.bits, s.block_size, s.accuracy_level)
-            if self.mins is not None:  # sum_b min[n, b] * sum_{k in b} x[.., k]: Reshape, ReduceSum, MatMul, Add
-                nb = int(self.mins.shape[0])
-                mid = [int(d) for d in x.shape[1:-1]]  # static (tokens per pass): no Shape/Slice/Concat chain
-                xs = x.reshape(-1, *mid, nb, s.block_size).sum(-1)  # [..., nb]
-                y = y + xs @ self.mins
+            if self.mins is not None:  # sum_b min[n, b] * sum_{k in b} x[.., k]
+                if s.pooled and x.dim() == 3:  # x [B, T, K] is (N, C, L) to a 1-D AveragePool: block means
+                    xs = F.avg_pool1d(x, s.block_size, s.block_size)  # [B, T, nb]
+                else:  # Reshape, ReduceSum (ReduceMean when pooled)
+                    nb = int(self.mins.shape[0])
+                    mid = [int(d) for d in x.shape[1:-1]]  # static (tokens per pass): no Shape/Slice/Concat chain
+                    xs = x.reshape(-1, *mid, nb, s.block_size)
+                    xs = xs.mean(-1) if s.pooled else xs.sum(-1)  # [..., nb]
+                y = y + xs @ self.mins  # pooled: a block's mean times block_size * min is its sum times min, exactly
         return y if self.bias is None else y + self.bias
 
 

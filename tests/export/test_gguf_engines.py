@@ -71,7 +71,8 @@ def test_manifest_records_the_stored_layers(gguf_engines):
     layers = m["models"]["target"]["quant_layers"]
     assert layers["lm_head"]["bits"] == 8 and layers["lm_head"]["symmetric"]  # Q8_0
     assert layers["model.layers.0.self_attn.qkv_proj"]["mins"]  # Q4_1 q/k joined with Q8_0 v: 8-bit, with minimums
-    assert layers["model.layers.0.mlp.down_proj"] == {**layers["model.layers.0.mlp.down_proj"], "bits": 4, "mins": True}
+    assert layers["model.layers.0.mlp.down_proj"] == {**layers["model.layers.0.mlp.down_proj"], "bits": 4, "mins": True,
+                                                       "pooled": True}
 
 
 def test_same_seed_same_tokens(gguf_engines):

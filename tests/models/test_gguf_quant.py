@@ -55,18 +55,49 @@ def test_joined_formats_lose_nothing():
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q4_K", "Q5_1", "Q6_K", "Q8_0"])
 def test_matmulnbits_with_minimums_matches_eager(fmt, tmp_path):
     """Exported, a layer is MatMulNBits (+ min @ blocksum(x) for formats with a minimum): with fp32 activations
-    ONNX Runtime reproduces the eager matmul over the dequantized weights; with int8 activations it is close."""
+    ONNX Runtime reproduces the eager matmul over the dequantized weights; with int8 activations it is close. Over
+    [B, T, K] (the step graphs' form) the block sums are one AveragePool; over other ranks a ReduceMean."""
+    import onnx
     import onnxruntime as ort
     bc = block_codes(fmt, random_tensor(fmt, 4), (N, K))
-    x = torch.randn(3, K)
-    for level, tol in ((0, 1e-5), (4, 3e-2)):
-        layer = QuantLinear.from_codes(bc, accuracy_level=level).eval()
-        path = str(tmp_path / f"{fmt}{level}.onnx")
-        torch.onnx.export(layer, (x,), path, dynamo=False, opset_version=18, input_names=["x"],
-                          custom_opsets={"com.microsoft": 1})
-        got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
-        want = (x @ torch.from_numpy(bc.dequantize()).t()).numpy()
-        assert np.abs(got - want).max() <= tol * np.abs(want).max()
+    for shape in ((3, K), (2, 3, K)):
+        x = torch.randn(*shape)
+        for level, tol in ((0, 1e-5), (4, 3e-2)):
+            layer = QuantLinear.from_codes(bc, accuracy_level=level).eval()
+            assert layer.spec.pooled == (bc.mins is not None)
+            path = str(tmp_path / f"{fmt}{level}.onnx")
+            torch.onnx.export(layer, (x,), path, dynamo=False, opset_version=18, input_names=["x"],
+                              custom_opsets={"com.microsoft": 1})
+            ops = {n.op_type for n in onnx.load(path).graph.node}
+            if bc.mins is not None:
+                assert ops >= ({"AveragePool"} if len(shape) == 3 else {"ReduceMean"}) and "ReduceSum" not in ops
+            got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+            want = (x @ torch.from_numpy(bc.dequantize()).t()).numpy()
+            assert np.abs(got - want).max() <= tol * np.abs(want).max()
+
+
+def test_engines_built_before_pooled_minimums_still_load(tmp_path):
+    """An engine built before `pooled` stores each minimum as it is and sums blocks with Reshape + ReduceSum: its
+    manifest's spec (no `pooled`) still dequantizes bit for bit and still exports and runs the same."""
+    import dataclasses
+    import onnx
+    import onnxruntime as ort
+    bc = block_codes("Q4_1", random_tensor("Q4_1", 5), (N, K))
+    new = QuantLinear.from_codes(bc, accuracy_level=0).eval()
+    rec = {k: v for k, v in dataclasses.asdict(new.spec).items() if k != "pooled"}  # an older manifest's record
+    old = QuantLinear(None, type(new.spec)(**rec), (N, K)).eval()
+    state = {**new.state_dict(), "mins": new.state_dict()["mins"] / bc.block}
+    old.load_state_dict(state)
+    assert not old.spec.pooled
+    assert np.array_equal(old.dequantized().numpy().view(np.uint32), new.dequantized().numpy().view(np.uint32))
+    x = torch.randn(1, 3, K)
+    path = str(tmp_path / "old.onnx")
+    torch.onnx.export(old, (x,), path, dynamo=False, opset_version=18, input_names=["x"],
+                      custom_opsets={"com.microsoft": 1})
+    assert "ReduceSum" in {n.op_type for n in onnx.load(path).graph.node}
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    want = (x @ torch.from_numpy(bc.dequantize()).t()).numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def test_unsupported_format_is_a_clear_error():
