@@ -29,6 +29,8 @@ class QuantSpec:
             raise SpecExportError(f"quantized drafts take int4 or int8, got int{self.bits}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise SpecExportError(f"quantization block size must be a power of two >= 16, got {self.block_size}")
+        if self.pooled and not self.mins:
+            raise SpecExportError("QuantSpec(pooled=True) stores block minimums: it needs mins=True")
 
     @classmethod
     def parse(cls, spec: str, option: str = "draft") -> "QuantSpec":

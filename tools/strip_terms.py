@@ -4,7 +4,8 @@ tools/engine_ab.py A B --ignore-eos (the copy's values are wrong, so its tokens 
 decodes the same number of tokens).
 
 - `mins`: the block minimums' term of every GGUF Q4_1 / Q5_1 / Q4_K / Q5_K linear (models/quant.py:
-  MatMulNBits(x) + blocksum(x) @ mins, as Reshape, ReduceSum, MatMul, Add): the linear is its MatMulNBits alone;
+  MatMulNBits(x) + blocksum(x) @ mins, as Reshape, ReduceSum, MatMul, Add, or since stop 50 AveragePool, MatMul,
+  Add): the linear is its MatMulNBits alone;
 - `zero-points`: the zero-point input of every 4-bit MatMulNBits (the kernel then takes its default, 8).
 
 Measured at stop 45 (the README's "GGUF weights as stored"), the default Q4_1 engine on a 2-core AVX2 host:

@@ -70,6 +70,7 @@ def test_manifest_records_the_stored_layers(gguf_engines):
     m = json.loads((Path(gguf_engines["int8"]) / "manifest.json").read_text())
     layers = m["models"]["target"]["quant_layers"]
     assert layers["lm_head"]["bits"] == 8 and layers["lm_head"]["symmetric"]  # Q8_0
+    assert "pooled" not in layers["lm_head"]  # recorded only where set (older runtimes read such records)
     assert layers["model.layers.0.self_attn.qkv_proj"]["mins"]  # Q4_1 q/k joined with Q8_0 v: 8-bit, with minimums
     assert layers["model.layers.0.mlp.down_proj"] == {**layers["model.layers.0.mlp.down_proj"], "bits": 4, "mins": True,
                                                        "pooled": True}

@@ -89,6 +89,9 @@ def test_engines_built_before_pooled_minimums_still_load(tmp_path):
     state = {**new.state_dict(), "mins": new.state_dict()["mins"] / bc.block}
     old.load_state_dict(state)
     assert not old.spec.pooled
+    from specexport.errors import SpecExportError
+    with pytest.raises(SpecExportError, match="pooled=True.*needs mins=True"):
+        type(new.spec)(bits=4, pooled=True)
     assert np.array_equal(old.dequantized().numpy().view(np.uint32), new.dequantized().numpy().view(np.uint32))
     x = torch.randn(1, 3, K)
     path = str(tmp_path / "old.onnx")
