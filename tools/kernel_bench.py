@@ -18,9 +18,9 @@ within a run as the runtime's sessions do; without spinning the int8 and int4 va
 - FusedMatMul (transB), MatMul over pre-transposed weights and Gemm run within 3% of each other;
 - `q4_1` (stop 45): a GGUF Q4_1 linear as stored, its block minimums' term in several exact forms (README, "GGUF
   weights as stored"): Reshape + ReduceSum + MatMul + Add added 0.24-0.38x to the kernel's time; stop 50 (an Intel
-  host with AMX, where it added 0.52-0.54x at one row) built `pool` (block means by one AveragePool, the minimums stored times
-  the block size: 0.37-0.39x); `ext` (the kernel's own extra output columns summing each block, then a Split) was
-  slower than either (0.64-0.71x);
+  host with AMX, where it added 0.52-0.54x at one row) built `pool` (block means by one AveragePool, the minimums
+  stored times the block size: 0.37-0.39x); `ext` (the kernel's own extra output columns summing each block, then a
+  Split) was slower than either (0.64-0.71x);
 - `--mlp`: the fused gate/up linear and its Split against two linears (ONNX Runtime GenAI's form): the fused one
   is 1.06-1.08x faster; the Split's large share in ONNX Runtime's profiles is the profiler's own. Stop 41 added the
   MLP as one QMoE node (ONNX Runtime 1.32's CPU kernel, one expert, SwiGLU inside): no faster at one row and
