@@ -50,3 +50,19 @@ def test_unknown_peer_is_a_one_line_error(capsys):
     assert main(["bench", "--peers", "vllm", "--prompts", __file__]) == 2
     err = capsys.readouterr().err
     assert "--peers vllm: choose from llama.cpp, ort-genai" in err and "Traceback" not in err
+
+
+def test_run_orders_balance_position_and_predecessor():
+    import collections
+    from specexport.bench.report import run_order, williams_rows
+    for n in (1, 2, 3, 4, 5, 15):
+        rows = williams_rows(n)
+        assert len(rows) == (2 * n if n % 2 else n)
+        assert all(sorted(r) == list(range(n)) for r in rows)
+        for pos in range(n):  # every mode at every position equally often
+            assert len(set(collections.Counter(r[pos] for r in rows).values())) == 1
+        follows = collections.Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1  # every mode after every other
+    names = ["a", "b", "c", "d"]
+    assert [run_order(names, i) for i in (0, 4)] == [["a", "b", "d", "c"]] * 2
+    assert run_order([], 3) == []

@@ -39,6 +39,29 @@ def geomean(xs) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
 
 
+def williams_rows(n: int) -> list[list[int]]:
+    """A Williams design over n modes: orders in which every mode runs at every position equally often and follows
+    every other mode equally often (once each for even n, over 2n orders for odd n), so neither a mode's place
+    in the run nor the state its predecessor leaves (cores still spinning, caches, page cache) favours one mode."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
+
+
+def run_order(items: list, i: int) -> list:
+    """The modes' order for the i-th prompt run (a Williams design's row i, cycling)."""
+    if not items:
+        return []
+    rows = williams_rows(len(items))
+    return [items[j] for j in rows[i % len(rows)]]
+
+
 def _decode_rate(st: dict) -> float:
     """Decode tokens per second (the first token comes from prefill)."""
     dec_s = st["draft_s"] + st["verify_s"] + st["host_s"]

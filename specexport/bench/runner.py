@@ -28,7 +28,7 @@ import torch
 
 from ..config import PROMPT_LOOKUP
 from ..errors import SpecExportError
-from .report import CONTROL
+from .report import CONTROL, run_order
 
 HF_LOOKUP_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
 
@@ -190,14 +190,15 @@ def pooled_stats(stats: list) -> dict:
             setattr(total, f, getattr(total, f) + getattr(st, f))
         total.accept_hist = [a + b for a, b in zip(total.accept_hist, st.accept_hist)]
         total.proposed_hist = [a + b for a, b in zip(total.proposed_hist, st.proposed_hist)]
-        for field in ("k_steps", "drafted_by", "accepted_by", "rejected_by", "steps_by"):
-            for key, n in getattr(st, field).items():
-                getattr(total, field)[key] = getattr(total, field).get(key, 0) + n
+        for name in ("k_steps", "drafted_by", "accepted_by", "rejected_by", "steps_by"):
+            for key, n in getattr(st, name).items():
+                getattr(total, name)[key] = getattr(total, name).get(key, 0) + n
     return total.as_dict()
 
 
 def run_bench(cfg: BenchConfig, log=print) -> dict:
-    """All modes on every prompt, alternating (every mode on a prompt before the next prompt)."""
+    """All modes on every prompt, alternating (every mode on a prompt before the next prompt; the order per prompt
+    run from a Williams design, report.run_order)."""
     from tqdm import tqdm
     prompts = read_prompts(cfg.prompts, cfg.per_category)
     modes, base = build_modes(cfg, log)
@@ -209,12 +210,12 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             mode.run(warm)
     records = []
     bar = tqdm(total=len(prompts) * len(modes) * cfg.reps, unit="run", file=sys.stderr)
-    for p in prompts:
+    for i, p in enumerate(prompts):
         ids = base.encode(p["prompt"], chat=chat)
         rec = {"id": p["id"], "category": p["category"], "prompt_tokens": len(ids), "modes": {}}
         outs, runs = {}, {m.name: [] for m in modes}
         for rep in range(cfg.reps):
-            for mode in modes:
+            for mode in run_order(modes, i * cfg.reps + rep):
                 bar.set_description(f"{p['id']} {mode.name}")
                 t0 = time.perf_counter()
                 toks, st = mode.run(ids)

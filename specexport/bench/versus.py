@@ -1,6 +1,7 @@
 """`specexport bench --peers llama.cpp,ort-genai`: specexport against its peers on the same GGUF, side by side.
 
-Systems, grouped by bit width (every system on a prompt before the next prompt, warm-up excluded):
+Systems, grouped by bit width (every system on a prompt before the next prompt, in orders where each follows
+every other equally often (a Williams design), warm-up excluded):
   fp32   hf_generate (transformers fp32 over the dequantized GGUF: the fidelity reference),
          se-fp32 target-only and prompt lookup @auto (the dequantized engine, --dtype fp32),
          se-fp32-int8 hybrid @auto (the same fp32 target with the quant:int8:b128:asym copy as its draft model:
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecExportError
-from .report import geomean
+from .report import geomean, run_order
 
 
 SAME_TARGET = {"se-fp32-int8": "se-fp32"}  # an engine with a draft model -> the engine of the same target
@@ -116,10 +117,12 @@ def run_versus(cfg: VersusConfig, log=print) -> dict:
     records = []
     bar = tqdm(total=len(prompts) * len(systems) * cfg.reps, unit="run", file=sys.stderr)
     for rep in range(cfg.reps):
-        for p in prompts:
+        for i, p in enumerate(prompts):
             ids = base.encode(p["prompt"], chat=True)
-            rec = {"id": p["id"], "category": p["category"], "rep": rep, "prompt_tokens": len(ids), "systems": {}}
-            for s in systems:
+            order = run_order(systems, rep * len(prompts) + i)
+            rec = {"id": p["id"], "category": p["category"], "rep": rep, "prompt_tokens": len(ids),
+                   "order": [s.name for s in order], "systems": {}}
+            for s in order:
                 bar.set_description(f"{p['id']} {s.name}")
                 t0 = time.perf_counter()
                 toks, dec_s, pre_s = s.run(ids)
