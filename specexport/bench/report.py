@@ -245,7 +245,8 @@ def markdown(result: dict, summary: dict) -> str:
     lines = ["# specexport bench", "",
              f"{len(result['records'])} prompts ({cfg['prompts']}), greedy, chat template, batch 1, "
              f"max_new_tokens={cfg['max_new_tokens']}, {result['threads']} threads, ONNX Runtime"
-             f"{' (pre-packed)' if cfg['prepack'] else ''}; every mode on a prompt before the next, warm-up excluded. "
+             f"{' (pre-packed)' if cfg['prepack'] else ''}; every mode on a prompt before the next (orders from a "
+             "Williams design: each mode after every other equally often), warm-up excluded. "
              "tok/s: geometric mean, end to end (prefill included); x: over specexport target-only. "
              "Speculative rows: acceptance (accepted/drafted), a (acceptance MLE), tokens/step, and the decode "
              "speedup Leviathan's formula predicts from a and the measured step costs vs the measured one.", ""]

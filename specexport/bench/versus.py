@@ -195,7 +195,8 @@ def markdown(result: dict, s: dict) -> str:
     lines = ["# specexport vs peers", "",
              f"{s['n']} prompts x {cfg['reps']} repetition(s), greedy, chat template, batch 1, "
              f"{cfg['max_new_tokens']} new tokens, {cfg['threads']} threads, every system on a prompt before the "
-             "next, warm-up excluded. Decode tokens/s (prefill excluded; transformers end to end), geometric mean.",
+             "next (orders from a Williams design: each system after every other equally often), warm-up "
+             "excluded. Decode tokens/s (prefill excluded; transformers end to end), geometric mean.",
              "", "| system | bits | " + " | ".join(cats) + " | all | = transformers fp32 |",
              "|---|---|" + "---|" * (len(cats) + 2)]
     for sysm in s["systems"]:
