@@ -47,8 +47,13 @@ def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make
 
 
 def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:
-    """The target's own weights, every linear layer block-quantized (models/quant.py)."""
-    model = quantize_model(copy.deepcopy(target.model), spec)
+    """The target's own weights, every linear layer block-quantized (models/quant.py); with spec.smooth, its
+    inputs' ranges moved into the weights first (models/smooth.py)."""
+    if spec.smooth:
+        from .models.smooth import smoothed_copy
+        model = quantize_model(smoothed_copy(target, spec.smooth), spec)
+    else:
+        model = quantize_model(copy.deepcopy(target.model), spec)
     return LoadedModel(model, target.config, target.tokenizer, spec.name)
 
 

@@ -36,17 +36,16 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     md = capsys.readouterr().out
     result = json.loads((out / "bench.json").read_text())
     modes = [m["name"] for m in result["modes"]]
+    q8 = "quant:int8:b32:asym:smooth0.6"  # (a quant: copy is smoothed by default)
     assert modes == ["hf_generate", "hf_prompt_lookup", "hf_assistant_int8", "target_only", "target_only_again",
-                     "prompt-lookup@k2", "prompt-lookup@k3", "prompt-lookup@auto",
-                     "quant:int8:b32:asym@k2", "quant:int8:b32:asym@k3", "quant:int8:b32:asym@auto",
-                     "prompt-lookup+quant:int8:b32:asym@k2", "prompt-lookup+quant:int8:b32:asym@k3",
-                     "prompt-lookup+quant:int8:b32:asym@auto"]
+                     "prompt-lookup@k2", "prompt-lookup@k3", "prompt-lookup@auto", f"{q8}@k2", f"{q8}@k3", f"{q8}@auto",
+                     f"prompt-lookup+{q8}@k2", f"prompt-lookup+{q8}@k3", f"prompt-lookup+{q8}@auto"]
     assert [r["id"] for r in result["records"]] == ["copy-3", "other-40"]  # --per-category 1
     for r in result["records"]:  # lossless: every mode gives transformers' greedy tokens
         assert all(r["identical"].values()), r["identical"]
     s = result["summary"]
     assert set(s["table"]) == {"copy", "other", "all"}
-    cell = s["table"]["all"]["quant:int8:b32:asym@k3"]
+    cell = s["table"]["all"][f"{q8}@k3"]
     for key in ("tokens_per_s", "acceptance", "acceptance_mle", "tokens_per_step", "predicted", "measured"):
         assert cell[key] > 0, key
     assert set(s["best"]) == {"copy", "other"} and s["best_per_category_geomean_x"] > 0
@@ -54,7 +53,7 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     assert len(per_pos) == 3 and all(0 <= x <= 1 for x in per_pos) and "acceptance at draft position" in md
     for f in ("bench.md", "speedup_vs_k.png", "accept_hist.png", "acceptance_per_pos.png"):
         assert (out / f).stat().st_size > 0
-    assert "Leviathan" in md and "| quant:int8:b32:asym@k3 |" in md
+    assert "Leviathan" in md and f"| {q8}@k3 |" in md
     assert summarize(result)["modes"] == modes
     # --reps 2: every mode ran twice per prompt; the k=auto section has per-prompt ratios
     rec = result["records"][0]["modes"]

@@ -65,6 +65,7 @@ def main(argv=None) -> int:
                     r["rej"] += o.stats.rejected
                     r["same"] += o.token_ids == want
                     r["n"] += 1
+    cats = {p["id"]: p["category"] for p in prompts}
     for m in modes:
         ref = res[(m, 0)]["rate"]
         for j, e in enumerate(engines):
@@ -76,6 +77,10 @@ def main(argv=None) -> int:
             print(f"{m:5s} {e}: {rate:.1f} tok/s, x{ratio:.3f} the first, acceptance MLE "
                   f"{r['acc'] / max(r['acc'] + r['rej'], 1):.3f}, tokens = target-only {r['same']}/{r['n']}"
                   + (f", costs auto measured (ms) {costs}" if costs else ""))
+            if j:  # per category: the geometric mean of the per-prompt ratios to the first engine
+                per = {c: geomean(median(r["rate"][k]) / median(ref[k]) for k in ref if k in r["rate"] and
+                                  cats[k] == c) for c in sorted(set(cats.values()))}
+                print("      per category, x the first: " + ", ".join(f"{c} {v:.3f}" for c, v in per.items()))
     return 0
 
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from specexport.models import KVCache, load_model  # noqa: E402
 from specexport.config import QuantSpec  # noqa: E402
 from specexport.models.quant import QuantLinear, quantize_model  # noqa: E402
+from specexport.models.smooth import smoothed_copy  # noqa: E402
 
 SETTINGS = ["quant:int4:b32:asym", "quant:int4:b32:sym", "quant:int4:b128:asym", "quant:int8:b32:sym",
             "quant:int8:b128:asym"]
@@ -63,7 +64,7 @@ def main():
     print("|---|---|---|---|")
     for spec in a.specs:
         s = QuantSpec.parse(spec)
-        model = quantize_model(copy.deepcopy(target.model), s)
+        model = quantize_model(smoothed_copy(target, s.smooth) if s.smooth else copy.deepcopy(target.model), s)
         err = num = 0.0
         for n, m in model.named_modules():
             if isinstance(m, QuantLinear):

@@ -59,9 +59,10 @@ def versus_engine(label: str, ks: tuple[int, ...], folder: Path) -> str:
     m = current_manifest(out)
     if m:
         draft = m["models"].get("draft", {}).get("source", PROMPT_LOOKUP)
+        want = QuantSpec.parse(cfg.draft).name if is_quant_spec(cfg.draft) else cfg.draft  # (as the manifest names it)
         if (m.get("ks"), m["max_batch"], m.get("ops"), m.get("weights"), m.get("activations"), m.get("target_quant"),
                 draft) == (sorted(ks), 1, cfg.ops, "dequantized" if cfg.dtype else "as stored", cfg.activations,
-                           cfg.target_quant, cfg.draft):
+                           cfg.target_quant, want):
             return str(out)
     print(f"[bench] building {label} (k {','.join(map(str, ks))}) in {out}", file=sys.stderr)
     build(cfg, True)

@@ -1,6 +1,6 @@
 """`layers:auto`: choose which target layers a self-draft keeps, on calibration text the target writes itself.
 
-  1. calibration: the target continues CALIBRATION_PROMPTS (none is in the bench set) greedily, NEW_TOKENS each;
+  1. calibration: the target continues calibration.CALIBRATION_PROMPTS (none is in the bench set) greedily;
   2. agreement a(S): teacher-forced over that text, the share of generated positions where the draft that keeps
      layer set S gives the target's own next token (greedy acceptance, per token);
   3. cost c(S): one-token step time of the draft over the target's, from the measured cost of the model's head
@@ -18,20 +18,12 @@ import time
 
 import torch
 
+from .calibration import NEW_TOKENS, calibration_texts
 from .decoder import KVCache, StaticKVDecoder
 from .loading import LoadedModel
 from .layer_spec import format_layers
 from .skip import skip_layers
 
-CALIBRATION_PROMPTS = (  # written for calibration only: none of them is a bench prompt
-    "Explain in a few sentences why the sky looks blue during the day and red at sunset.",
-    "Write a Python function that returns the n-th Fibonacci number, with a short docstring.",
-    "List five tips for keeping a small vegetable garden healthy through a dry summer.",
-    "Reply with a JSON object describing a book: title, author, year and a list of three genres.",
-    "Summarize the plot of a story in which a lighthouse keeper finds a message in a bottle.",
-    "What is the difference between a list and a tuple in Python? Give an example of each.",
-)
-NEW_TOKENS = 48
 KS = tuple(range(1, 9))
 
 
@@ -46,7 +38,7 @@ def search_layers(target: LoadedModel, ks: tuple[int, ...] = KS, show: bool = Tr
     model = target.model
     L = model.cfg.num_layers
     t0 = time.perf_counter()
-    texts = [_greedy(model, ids, NEW_TOKENS) for ids in _prompts(target)]
+    texts = calibration_texts(target)
     full = tuple(range(L))
     head_s, layer_s = _costs(model)
     base = head_s + L * layer_s
@@ -87,33 +79,6 @@ def format_search(report: dict) -> str:
         lines.append(f"  note: no layer set is predicted to beat target-only here (best {report['chosen']['predicted']}"
                      "x): k=auto will mostly leave this draft unused; a deeper target, or prompt lookup, pays more")
     return "\n".join(lines)
-
-
-def _prompts(target: LoadedModel) -> list[list[int]]:
-    tok, V = target.tokenizer, target.config.vocab_size
-    if tok is None:  # ids-only checkpoints (tests): fixed pseudo-random prompts
-        g = torch.Generator().manual_seed(0)
-        return [torch.randint(1, V, (12,), generator=g).tolist() for _ in CALIBRATION_PROMPTS]
-    if getattr(tok, "chat_template", None):
-        return [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=False)) for p in CALIBRATION_PROMPTS]
-    return [tok.encode(p) for p in CALIBRATION_PROMPTS]
-
-
-@torch.inference_mode()
-def _greedy(model: StaticKVDecoder, ids: list[int], n: int) -> tuple[list[int], int]:
-    """The target's own greedy continuation -> (prompt + n tokens, prompt length)."""
-    cfg = model.cfg
-    T = len(ids) + n
-    cache = KVCache.allocate(cfg, 1, T, next(model.parameters()).dtype)
-    logits = model(torch.tensor([ids]), torch.zeros(1, dtype=torch.long), cache, T)
-    out = list(ids)
-    for _ in range(n):
-        out.append(int(logits[0, -1].argmax()))
-        if len(out) == T:
-            break
-        logits = model(torch.tensor([[out[-1]]]), torch.tensor([len(out) - 1]), cache, T)
-    return out, len(ids)
 
 
 @torch.inference_mode()

@@ -34,6 +34,8 @@ class LayerSpec:
         if rest:
             quant = QUANT_PREFIX + rest
             QuantSpec.parse(quant)  # a bad quantization suffix fails here
+            if any(f.startswith("smooth") for f in rest.split(":")):  # (quantized_skip never smooths)
+                raise SpecExportError(f"draft {spec!r}: :smooth is for quant: copies, not layers: drafts; drop it")
         if layers == AUTO:
             return cls(None, quant)
         keep: list[int] = []

@@ -212,8 +212,9 @@ def quantize_model(model: nn.Module, spec: QuantSpec) -> nn.Module:
 def quant_layers(model: nn.Module) -> dict[str, dict]:
     """name -> QuantSpec fields of every QuantLinear (the manifest's record, to rebuild the shells at load)."""
     from dataclasses import asdict
-    def record(spec: QuantSpec) -> dict:  # `pooled` only where set: older runtimes read the other records
-        return {k: v for k, v in asdict(spec).items() if k != "pooled" or v}
+    def record(spec: QuantSpec) -> dict:  # `pooled` only where set: older runtimes read the other records;
+        # `smooth` never (a build-time transform the codes already carry)
+        return {k: v for k, v in asdict(spec).items() if k != "smooth" and (k != "pooled" or v)}
     return {n: {**record(m.spec), "shape": [m.out_features, m.in_features], "bias": m.bias is not None}
             for n, m in model.named_modules() if isinstance(m, QuantLinear)}
 
