@@ -16,7 +16,7 @@ from pathlib import Path
 from .config import (ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, SMOOTH_ALPHA, BuildConfig, DecoderConfig,
                      SamplingParams)
 from .errors import SpecExportError
-from .export.bench_engines import BENCH_DRAFTS, VERSUS_ENGINES, bench_engine, versus_engine
+from .export.bench_engines import BENCH_DRAFTS, BENCH_KS, VERSUS_ENGINES, bench_engine, versus_engine
 
 
 def _defaults(cls) -> dict:
@@ -257,7 +257,7 @@ def cmd_bench(a) -> int:
     prompts = a.prompts or str(DEFAULT_PROMPTS)
     if not Path(prompts).is_file():
         raise SpecExportError(f"prompt file {prompts} does not exist: pass --prompts FILE.jsonl")
-    ks = _parse_ks(a.k) if a.k else (2, 4, 8)
+    ks = _parse_ks(a.k) if a.k else BENCH_KS
     if a.peers:
         return cmd_versus(a, prompts, ks)
     if a.clients:
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "default: build one per --drafts entry under --engines-dir")
     bn.add_argument("--drafts", default=",".join(BENCH_DRAFTS), help="quantized drafters to build when no --engine "
                                                                      "is given (prompt lookup always runs)")
-    bn.add_argument("--k", action="append", help="k values to build (default 2,4,8)")
+    bn.add_argument("--k", action="append", help=f"k values to build (default {','.join(map(str, BENCH_KS))})")
     bn.add_argument("--engines-dir", default="engines/bench")
     bn.add_argument("--per-category", type=int, default=0, help="first N prompts of each category (0: all)")
     bn.add_argument("--max-new-tokens", type=int, default=128)

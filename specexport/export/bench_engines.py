@@ -12,6 +12,10 @@ from ..config import PROMPT_LOOKUP, BuildConfig, QuantSpec, is_quant_spec
 
 
 BENCH_DRAFTS = ("quant:int8:b128:asym", "quant:int4:b32:asym")
+# The widths the benchmarks' engines are built with (k="auto" chooses among them per step). On the 2-core AVX-512
+# hosts an fp32 verify over 12 rows (k = 11) costs what the 9-row one does (1.46-1.47 target-only steps; stop 32:
+# 12 rows cheaper than 11), and the fp32 hybrid at auto read 1.057x with it (README, stop 52).
+BENCH_KS = (2, 4, 8, 11)
 
 
 def bench_engine(spec: str, ks: tuple[int, ...], folder: Path, progress: bool) -> str:
