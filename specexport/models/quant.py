@@ -134,6 +134,14 @@ class QuantLinear(nn.Module):
             self.mins = None
         self._weight: torch.Tensor | None = None  # the dequantized weight for eager runs, made on first use
 
+    def float_linear(self) -> nn.Linear:
+        """An nn.Linear over this layer's dequantized weight (and its bias)."""
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        lin.weight = nn.Parameter(self.dequantized(), requires_grad=False)
+        if self.bias is not None:
+            lin.bias = self.bias
+        return lin
+
     @classmethod
     def from_codes(cls, bc, accuracy_level: int = 4, bias: torch.Tensor | None = None) -> "QuantLinear":
         """A layer over GGUF codes as stored (gguf_quant.BlockCodes): nothing is re-quantized. Minimums are kept
@@ -199,13 +207,19 @@ def quantize_model(model: nn.Module, spec: QuantSpec) -> nn.Module:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, QuantLinear):
-                lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                lin.weight = nn.Parameter(child.dequantized(), requires_grad=False)
-                if child.bias is not None:
-                    lin.bias = child.bias
-                child = lin
+                child = child.float_linear()
             if isinstance(child, nn.Linear):
                 setattr(parent, name, QuantLinear(child, spec))
+    return model
+
+
+def dequantize_model(model: nn.Module) -> nn.Module:
+    """In place: every QuantLinear (GGUF codes as stored, a --target-quant layer) back to an nn.Linear over its
+    dequantized weight."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, QuantLinear):
+                setattr(parent, name, child.float_linear())
     return model
 
 

@@ -92,7 +92,9 @@ def smooth(model: StaticKVDecoder, ranges: dict[str, torch.Tensor], alpha: float
 
 
 def smoothed_copy(target: LoadedModel, alpha: float) -> StaticKVDecoder:
-    """A float copy of the target's model, smoothed on its calibration text (to quantize next)."""
+    """A float copy of the target's model (a GGUF target's codes as stored dequantized, as quantize_model would),
+    smoothed on its calibration text, to quantize next."""
     import copy
-    model = copy.deepcopy(target.model)
-    return smooth(model, input_ranges(target.model, calibration_texts(target)), alpha)
+    from .quant import dequantize_model
+    model = dequantize_model(copy.deepcopy(target.model))
+    return smooth(model, input_ranges(model, calibration_texts(target)), alpha)

@@ -40,13 +40,14 @@ def gguf_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gguf_engines(gguf_model):
     out = {}
-    for name, kw in (("int8", {}), ("portable", dict(ops="portable")), ("fp32", dict(activations="fp32"))):
+    for name, kw in (("int8", {}), ("portable", dict(ops="portable")), ("fp32", dict(activations="fp32")),
+                     ("copy", dict(draft="quant:int8"))):  # a smoothed copy made from the codes as stored
         cfg = BuildConfig(target=gguf_model["path"], ks=(1, 3), out=str(gguf_model["root"] / name), **SHAPES, **kw)
         out[name] = build(cfg, progress=False)["out"]
     return out
 
 
-@pytest.mark.parametrize("name", ["int8", "portable", "fp32"])
+@pytest.mark.parametrize("name", ["int8", "portable", "fp32", "copy"])
 def test_speculative_equals_target_only(gguf_engines, name):
     dec = SpeculativeDecoder.load(gguf_engines[name])
     want = [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)]
