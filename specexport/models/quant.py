@@ -204,10 +204,8 @@ def quantize_model(model: nn.Module, spec: QuantSpec) -> nn.Module:
     The embedding stays in float (a gather reads one row per token); a tied lm_head gets its own codes."""
     if next(model.parameters()).dtype != torch.float32:
         raise SpecExportError("quantized models are built from fp32 weights: use --dtype fp32 (or omit --dtype)")
-    for parent in list(model.modules()):
+    for parent in list(dequantize_model(model).modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, QuantLinear):
-                child = child.float_linear()
             if isinstance(child, nn.Linear):
                 setattr(parent, name, QuantLinear(child, spec))
     return model

@@ -15,6 +15,8 @@ codes and its own norm weights carry it, and nothing runs differently.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,7 @@ from torch import nn
 from .calibration import calibration_texts
 from .decoder import KVCache, StaticKVDecoder
 from .loading import LoadedModel
+from .quant import dequantize_model
 
 FLOOR = 1e-3  # a channel's range (and a column's weight range) counts as at least this share of the largest
 
@@ -94,7 +97,5 @@ def smooth(model: StaticKVDecoder, ranges: dict[str, torch.Tensor], alpha: float
 def smoothed_copy(target: LoadedModel, alpha: float) -> StaticKVDecoder:
     """A float copy of the target's model (a GGUF target's codes as stored dequantized, as quantize_model would),
     smoothed on its calibration text, to quantize next."""
-    import copy
-    from .quant import dequantize_model
     model = dequantize_model(copy.deepcopy(target.model))
     return smooth(model, input_ranges(model, calibration_texts(target)), alpha)
