@@ -29,7 +29,7 @@ def test_cpu_dry_run_prints_the_table(selftest, capsys):
     out = capsys.readouterr().out
     assert status == 0 and "all exactness checks passed" in out
     exact = [r for r in rows if r["check"] == "exact"]
-    assert len(exact) == 2 * 2 * 2 * 3  # families x dtypes x graphs off/on x target-only/lookup/model
+    assert len(exact) == 2 * 2 * 2 * 5  # families x dtypes x graphs off/on x target-only/lookup/model/hybrid (k, auto)
     assert all(r["result"] == "ok" or r["result"].startswith("tie") for r in exact)
     assert sum(r["accepted"] for r in exact if r["mode"] == "model") > 0
     speed = [r for r in rows if r["check"] == "speed"]

@@ -8,9 +8,10 @@
 
 It prints one table:
 - exact: greedy tokens of tiny random models (built from configs in code, models/decoder.random_decoder) on the
-  device, target-only and speculative (prompt lookup, a draft model), with and without CUDA graphs, fp32 and
-  bf16, against the CPU eager reference of the same model and dtype (target-only). A difference at a position
-  where the reference's top-2 logits are within a rounding step counts as a tie (reported, not failed).
+  device, target-only and speculative (prompt lookup, a draft model, the two as a hybrid at k = 4 and at auto),
+  with and without CUDA graphs, fp32 and bf16, against the CPU eager reference of the same model and dtype
+  (target-only). A difference at a position where the reference's top-2 logits are within a rounding step counts
+  as a tie (reported, not failed).
 - speed: target-only against speculative (prompt lookup) at batch 1 and 8, with and without CUDA graphs, on a
   larger random model (--speed-model): the decode steps timed with CUDA events after a warm-up run, tokens/s,
   speed-up over target-only, mean tokens per step, and the share of each step spent outside kernels
@@ -49,7 +50,7 @@ from specexport.backends.cuda_graphs import CudaRuntime, FakeRuntime  # noqa: E4
 from specexport.backends.torch_engine import TorchEngine  # noqa: E402
 from specexport.batch import Batch  # noqa: E402
 from specexport.config import DecoderConfig  # noqa: E402
-from specexport.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
+from specexport.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter  # noqa: E402
 from specexport.models.config import ModelConfig  # noqa: E402
 from specexport.models.decoder import KVCache, random_decoder  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
@@ -121,8 +122,10 @@ class _Wall:
 
 def decoder(setup: Setup, target, draft, dc: DecoderConfig, graphs: bool, drafter: str) -> SpeculativeDecoder:
     d = None
-    if drafter == "model":
+    if drafter in ("model", "hybrid"):
         d = ModelDrafter(setup.engine(draft, dc, graphs, target.cfg.vocab_size, "draft"), "draft")
+        if drafter == "hybrid":  # lookup where it matched 2+ tokens, the model for the other rows (one verify)
+            d = HybridDrafter(PromptLookupDrafter(1, 3), d, min_match=2)
     elif drafter == "lookup":
         d = PromptLookupDrafter(1, 3)
     return SpeculativeDecoder(setup.engine(target, dc, graphs), d, dc)
@@ -159,9 +162,10 @@ def exact_rows(setup: Setup, new: int) -> tuple[list[dict], bool]:
             target = copy.deepcopy(cpu_target).to(setup.device)
             draft = copy.deepcopy(cpu_draft).to(setup.device)
             for graphs in (False, True):
-                for mode in ("target-only", "lookup", "model"):
-                    dec = decoder(setup, target, draft, dc, graphs, "none" if mode == "target-only" else mode)
-                    outs = dec.generate(ps, new, speculative=mode != "target-only")
+                for mode in ("target-only", "lookup", "model", "hybrid", "hybrid auto"):
+                    drafter, k = mode.split()[0], "auto" if mode.endswith("auto") else None
+                    dec = decoder(setup, target, draft, dc, graphs, "none" if mode == "target-only" else drafter)
+                    outs = dec.generate(ps, new, speculative=mode != "target-only", k=k)
                     verdict, acc = "ok", sum(o.stats.accepted for o in outs)
                     for p, o, r in zip(ps, outs, ref):
                         j = first_divergence(o.token_ids, r)
