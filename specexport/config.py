@@ -11,6 +11,7 @@ PROMPT_LOOKUP = "prompt-lookup"  # the n-gram drafter's name wherever a draft pa
 QUANT_PREFIX = "quant:"  # a draft that is the target's own layers, quantized (QuantSpec; models/quant.py)
 LAYERS_PREFIX = "layers:"  # a draft that is the target with fewer layers (models/layer_spec.py)
 SMOOTH_ALPHA = 0.6  # a quantized copy's `:smooth` strength (models/smooth.py), chosen on held-out text
+HEAD_BITS = 4  # a quantized copy's lm_head (`:head4`): 4-bit, its top candidates rescored exactly (models/rescore.py)
 HYBRID_PREFIX = PROMPT_LOOKUP + "+"  # "prompt-lookup+<model draft>": lookup where it matches, the model elsewhere
 BACKENDS = ("torch", "torchscript", "onnxruntime", "pt2")  # torch runs checkpoints eagerly; all run engine folders
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -25,6 +26,7 @@ class QuantSpec:
     mins: bool = False  # a float minimum per block (GGUF's Q4_1, Q5_1, Q4_K, Q5_K), added as min @ blocksum(x)
     pooled: bool = False  # (with mins) stored as block_size * min, the term exported as AveragePool(x) @ them
     smooth: float = 0.0  # a draft copy's activation smoothing strength (models/smooth.py; a build-time transform)
+    head: int = 0  # a draft copy's lm_head: 0 = quantized as its body; 4 | 8 = at that width, rescored (rescore.py)
 
     def __post_init__(self):
         if self.bits not in (4, 8):
@@ -33,6 +35,9 @@ class QuantSpec:
             raise SpecExportError(f"quantization block size must be a power of two >= 16, got {self.block_size}")
         if self.pooled and not self.mins:
             raise SpecExportError("QuantSpec(pooled=True) stores block minimums: it needs mins=True")
+        if self.head not in (0, 4, 8):
+            raise SpecExportError(f"a quantized copy's head is :head4, :head8 or :head0 (as its body), "
+                                  f"got {self.head}")
         if not 0.0 <= self.smooth <= 1.0:
             raise SpecExportError(f"smoothing strength must be in [0, 1] (:smooth0.5, :smooth0 turns it off), "
                                   f"got {self.smooth}")
@@ -46,32 +51,39 @@ class QuantSpec:
         fields = spec[len(QUANT_PREFIX):].split(":") if spec.startswith(QUANT_PREFIX) else []
         pre = QUANT_PREFIX if option == "draft" else ""
         usage = (f"use {pre}int4 or {pre}int8, optionally with :b<block size>, :sym or :asym"
-                 f"{', :smooth[<alpha>]' if option == 'draft' else ''} (e.g. {pre}int4:b32:asym)")
+                 f"{', :smooth[<alpha>], :head4|8|0' if option == 'draft' else ''} (e.g. {pre}int4:b32:asym)")
         if option != "draft":
             spec = spec[len(QUANT_PREFIX):]
         if not fields or fields[0] not in ("int4", "int8"):
             raise SpecExportError(f"{option} {spec!r} is not a quantization spec: {usage}")
-        kw: dict = {"bits": int(fields[0][3:]), "smooth": SMOOTH_ALPHA if option == "draft" else 0.0}
+        draft = option == "draft"
+        kw: dict = {"bits": int(fields[0][3:]), "smooth": SMOOTH_ALPHA if draft else 0.0,
+                    "head": HEAD_BITS if draft else 0}
         for f in fields[1:]:
             if f in ("sym", "asym"):
                 kw["symmetric"] = f == "sym"
             elif f[:1] == "b" and f[1:].isdigit():
                 kw["block_size"] = int(f[1:])
-            elif f.startswith("smooth") and option == "draft":
+            elif f.startswith("smooth") and draft:
                 try:
                     kw["smooth"] = float(f[6:]) if f[6:] else SMOOTH_ALPHA
                 except ValueError:
                     raise SpecExportError(f"{option} {spec!r}: {f!r} is not :smooth or :smooth<alpha in [0, 1]> "
                                           "(e.g. :smooth0.5)") from None
+            elif f.startswith("head") and draft:
+                if f[4:] not in ("0", "4", "8"):
+                    raise SpecExportError(f"{option} {spec!r}: {f!r} is not :head4, :head8 or :head0 (the lm_head "
+                                          "quantized as the rest)")
+                kw["head"] = int(f[4:])
             else:
                 raise SpecExportError(f"{option} {spec!r}: unknown field {f!r}; {usage}")
         return cls(**kw)
 
     @property
     def name(self) -> str:
-        # (:smooth0 spelled out: a draft spec without the field is smoothed)
+        # (:smooth0 and :head0 spelled out: a draft spec without the fields is smoothed and has a rescored head)
         return f"{QUANT_PREFIX}int{self.bits}:b{self.block_size}:{'sym' if self.symmetric else 'asym'}" \
-               f":smooth{self.smooth:g}"
+               f":smooth{self.smooth:g}:head{self.head}"
 
 
 def is_quant_spec(spec: object) -> bool:

@@ -4,12 +4,16 @@ check, and the quantized copy of the target. The runtime's drafters themselves a
 from __future__ import annotations
 
 import copy
+import dataclasses
+
+import torch
+from torch import nn
 
 from .config import HYBRID_PREFIX, PROMPT_LOOKUP, DecoderConfig, QuantSpec, is_quant_spec
 from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .errors import SpecExportError
 from .models import LoadedModel, load_model, read_config, resolve_path
-from .models.quant import quantize_model
+from .models.quant import QuantLinear, quantize_model
 from .models.layer_spec import LayerSpec, is_layers_spec
 
 
@@ -48,12 +52,27 @@ def make_drafter(spec: str | None, target: LoadedModel, cfg: DecoderConfig, make
 
 def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:
     """The target's own weights, every linear layer block-quantized (models/quant.py); with spec.smooth, its
-    inputs' ranges moved into the weights first (models/smooth.py)."""
+    inputs' ranges moved into the weights first (models/smooth.py); with spec.head, its lm_head at that width with
+    its top candidates rescored by the target's float head (models/rescore.py). A target whose head is stored
+    quantized (a GGUF's Q8_0 codes as stored) has no float head to share: there the copy's head stays as its body
+    (:head0, and the name says so)."""
     if spec.smooth:
         from .models.smooth import smoothed_copy
-        model = quantize_model(smoothed_copy(target, spec.smooth), spec)
+        model = smoothed_copy(target, spec.smooth)
     else:
-        model = quantize_model(copy.deepcopy(target.model), spec)
+        model = copy.deepcopy(target.model)
+    exact = target.model.lm_head
+    if spec.head and not (type(exact) is nn.Linear and exact.weight.dtype == torch.float32):
+        spec = dataclasses.replace(spec, head=0)
+    head = model.lm_head  # the copy's float head (smoothed), before quantize_model replaces it
+    model = quantize_model(model, spec)
+    if spec.head:
+        from .models.rescore import BLOCK, RescoredHead, head_scale
+        coarse = QuantLinear(head, QuantSpec(bits=spec.head, block_size=BLOCK, symmetric=False))
+        model.lm_head = RescoredHead(coarse, exact.weight, head_scale(target.model.model.norm.weight,
+                                                                      model.model.norm.weight))
+        return LoadedModel(model, target.config, target.tokenizer, spec.name,
+                           {"rescored_head": {"bits": spec.head, "block": BLOCK, "top": model.lm_head.n}})
     return LoadedModel(model, target.config, target.tokenizer, spec.name)
 
 

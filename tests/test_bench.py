@@ -36,7 +36,7 @@ def test_bench_runs_every_mode_and_writes_the_report(bench_setup, capsys):
     md = capsys.readouterr().out
     result = json.loads((out / "bench.json").read_text())
     modes = [m["name"] for m in result["modes"]]
-    q8 = "quant:int8:b32:asym:smooth0.6"  # (a quant: copy is smoothed by default)
+    q8 = "quant:int8:b32:asym:smooth0.6:head4"  # (a quant: copy is smoothed, its head rescored, by default)
     assert modes == ["hf_generate", "hf_prompt_lookup", "hf_assistant_int8", "target_only", "target_only_again",
                      "prompt-lookup@k2", "prompt-lookup@k3", "prompt-lookup@auto", f"{q8}@k2", f"{q8}@k3", f"{q8}@auto",
                      f"prompt-lookup+{q8}@k2", f"prompt-lookup+{q8}@k3", f"prompt-lookup+{q8}@auto"]

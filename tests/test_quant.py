@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from specexport.errors import SpecExportError
-from specexport.config import SMOOTH_ALPHA, QuantSpec
+from specexport.config import HEAD_BITS, SMOOTH_ALPHA, QuantSpec
 from specexport.models.quant import QuantLinear, dequantize_weight, quantize_model, quantize_weight
 
 SPECS = [QuantSpec(4, 32, False), QuantSpec(4, 16, True), QuantSpec(8, 32, True), QuantSpec(8, 64, False)]
@@ -71,10 +71,11 @@ def test_quantize_model_replaces_every_linear():
     assert torch.equal(model.model.embed_tokens.weight, emb)
 
 
-@pytest.mark.parametrize("text, want", [("quant:int4", QuantSpec(4, 32, False, smooth=SMOOTH_ALPHA)),
-                                        ("quant:int8", QuantSpec(8, 32, False, smooth=SMOOTH_ALPHA)),
-                                        ("quant:int8:b64:sym:smooth0", QuantSpec(8, 64, True)),
-                                        ("quant:int4:asym:b128", QuantSpec(4, 128, False, smooth=SMOOTH_ALPHA))])
+@pytest.mark.parametrize("text, want", [("quant:int4", QuantSpec(4, 32, False, smooth=SMOOTH_ALPHA, head=HEAD_BITS)),
+                                        ("quant:int8", QuantSpec(8, 32, False, smooth=SMOOTH_ALPHA, head=HEAD_BITS)),
+                                        ("quant:int8:b64:sym:smooth0:head0", QuantSpec(8, 64, True)),
+                                        ("quant:int4:asym:b128", QuantSpec(4, 128, False, smooth=SMOOTH_ALPHA,
+                                                                           head=HEAD_BITS))])
 def test_spec_strings(text, want):
     assert QuantSpec.parse(text) == want
     assert QuantSpec.parse(want.name) == want

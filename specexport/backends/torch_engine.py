@@ -196,6 +196,10 @@ def load_engine_model(root: Path, entry: dict, dtype: str, cache_len: int,
         model = StaticKVDecoder(ModelConfig.from_manifest(c), cache_len).fuse()
         if entry.get("quant_layers"):  # quantized layers (copies, --target-quant, GGUF as stored): shells whose
             from ..models.quant import apply_quant_layers  # codes come from the file
+            from ..models.rescore import COARSE, RescoredHead
+            if COARSE in entry["quant_layers"]:  # a quantized copy's rescored head (models/rescore.py)
+                top = entry.get("rescored_head", {}).get("top")
+                model.lm_head = RescoredHead.shell(model.lm_head.out_features, model.lm_head.in_features, top)
             model = apply_quant_layers(model, entry["quant_layers"])
     model._set_rope(torch.float32)  # (not stored: computed, as at build)
     if legacy:  # (engines built before quant_layers was recorded)

@@ -119,7 +119,8 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
                  "weights": f"{place}/{prefix}{WEIGHTS_FILE}", "graphs": {}, **m.record}
         if shared:  # (the target's weights were written first: written["target"] places them)
             entry["shared"] = {"file": f"target/{WEIGHTS_FILE}", "tensors": shared,
-                               "bytes": sum(written["target"][t][2] for t in shared.values())}
+                               "bytes": sum(written["target"][t][2] for t in set(shared.values()))}  # (a
+            # tensor the draft reads under two names, e.g. a tied embedding as the rescored head's, counts once)
         if role == "draft" and quant is not None:
             entry["quant"] = asdict(quant)
         layers = quant_layers(m.model)

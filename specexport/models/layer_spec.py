@@ -34,8 +34,10 @@ class LayerSpec:
         if rest:
             quant = QUANT_PREFIX + rest
             QuantSpec.parse(quant)  # a bad quantization suffix fails here
-            if any(f.startswith("smooth") for f in rest.split(":")):  # (quantized_skip never smooths)
-                raise SpecExportError(f"draft {spec!r}: :smooth is for quant: copies, not layers: drafts; drop it")
+            for field in ("smooth", "head"):  # (quantized_skip never smooths, and its head is the target's own)
+                if any(f.startswith(field) for f in rest.split(":")):
+                    raise SpecExportError(f"draft {spec!r}: :{field} is for quant: copies, not layers: drafts; "
+                                          "drop it")
         if layers == AUTO:
             return cls(None, quant)
         keep: list[int] = []

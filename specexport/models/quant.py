@@ -225,8 +225,8 @@ def quant_layers(model: nn.Module) -> dict[str, dict]:
     """name -> QuantSpec fields of every QuantLinear (the manifest's record, to rebuild the shells at load)."""
     from dataclasses import asdict
     def record(spec: QuantSpec) -> dict:  # `pooled` only where set: older runtimes read the other records;
-        # `smooth` never (a build-time transform the codes already carry)
-        return {k: v for k, v in asdict(spec).items() if k != "smooth" and (k != "pooled" or v)}
+        # `smooth` and `head` never (a build-time transform the codes carry; the copy's head: rescore.py)
+        return {k: v for k, v in asdict(spec).items() if k not in ("smooth", "head") and (k != "pooled" or v)}
     return {n: {**record(m.spec), "shape": [m.out_features, m.in_features], "bias": m.bias is not None}
             for n, m in model.named_modules() if isinstance(m, QuantLinear)}
 

@@ -40,4 +40,5 @@ def quantized_skip(target: StaticKVDecoder, keep: tuple[int, ...], quant: str) -
     draft = skip_layers(target, keep)
     draft.model.layers = copy.deepcopy(draft.model.layers)
     draft.lm_head = copy.deepcopy(draft.lm_head)  # a tied lm_head gets its own codes; the embedding stays shared
-    return quantize_model(draft, dataclasses.replace(QuantSpec.parse(quant), smooth=0.0))  # (smooth.py: quant: only)
+    # (smoothing and the rescored head are for quant: copies only)
+    return quantize_model(draft, dataclasses.replace(QuantSpec.parse(quant), smooth=0.0, head=0))

@@ -23,7 +23,7 @@ SHAPES = dict(max_seq_len=128, max_batch=4, prefill_chunk=16)
 def quant_engines(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("quant")
     out = {}
-    for spec, ks in (("quant:int8", (1, 3)), ("quant:int4:b16:sym", (3,)), ("quant:int8:smooth0", (3,))):
+    for spec, ks in (("quant:int8", (1, 3)), ("quant:int4:b16:sym", (3,)), ("quant:int8:smooth0:head0", (3,))):
         cfg = BuildConfig(target=tiny["llama"]["target"], draft=spec, ks=ks, out=str(root / spec.replace(":", "-")),
                           **SHAPES)
         out[spec] = build(cfg, progress=False)["out"]
@@ -35,8 +35,9 @@ def reference(tiny):
     return [hf_greedy(tiny["llama"]["hf"], p, NEW) for p in PROMPTS]
 
 
-NAMES = {"quant:int8": "quant:int8:b32:asym:smooth0.6", "quant:int4:b16:sym": "quant:int4:b16:sym:smooth0.6",
-         "quant:int8:smooth0": "quant:int8:b32:asym:smooth0"}  # (smoothed by default: models/smooth.py)
+NAMES = {"quant:int8": "quant:int8:b32:asym:smooth0.6:head4",  # (smoothed, with a rescored head, by default:
+         "quant:int4:b16:sym": "quant:int4:b16:sym:smooth0.6:head4",  # models/smooth.py, models/rescore.py)
+         "quant:int8:smooth0:head0": "quant:int8:b32:asym:smooth0:head0"}
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
@@ -74,7 +75,7 @@ def test_drafter_choice_at_load(quant_engines, reference):
     with pytest.raises(SpecExportError, match="drafter='bogus'"):
         SpeculativeDecoder.load(quant_engines["quant:int8"], drafter="bogus")
     drafter, ks = open_draft(quant_engines["quant:int8"])
-    assert ks == (1, 3) and drafter.name == "quant:int8:b32:asym:smooth0.6"
+    assert ks == (1, 3) and drafter.name == "quant:int8:b32:asym:smooth0.6:head4"
 
 
 def test_torchscript_is_refused_for_quantized_drafts(tiny, tmp_path):
