@@ -13,8 +13,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (ACTIVATIONS, BACKENDS, FORMATS, OPS, PROMPT_LOOKUP, SMOOTH_ALPHA, BuildConfig, DecoderConfig,
-                     SamplingParams)
+from .config import (ACTIVATIONS, BACKENDS, FORMATS, HEAD_BITS, OPS, PROMPT_LOOKUP, SMOOTH_ALPHA, BuildConfig,
+                     DecoderConfig, SamplingParams)
 from .errors import SpecExportError
 from .export.bench_engines import BENCH_DRAFTS, BENCH_KS, VERSUS_ENGINES, bench_engine, versus_engine
 
@@ -308,8 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="compile a target/draft pair into an engine folder")
     b.add_argument("--target", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     b.add_argument("--draft", default=BuildConfig.draft,
-                   help=f"draft checkpoint dir, .gguf, quant:int8|int4[:b<block>][:sym|:asym][:smooth<alpha>] (the "
-                        f"target's own layers quantized, smoothed at {SMOOTH_ALPHA} unless :smooth0), "
+                   help=f"draft checkpoint dir, .gguf, quant:int8|int4[:b<block>][:sym|:asym][:smooth<alpha>]"
+                        f"[:head4|8|0] (the target's own layers quantized, smoothed at {SMOOTH_ALPHA} unless "
+                        f":smooth0, the lm_head {HEAD_BITS}-bit with its top candidates rescored by the target's "
+                        "own head unless :head0), "
                         f"layers:auto|<list>[:int8|:int4] (the "
                         f"target with fewer layers, e.g. layers:0-11,14) or {PROMPT_LOOKUP!r}; an engine with a "
                         f"draft model runs the hybrid ({PROMPT_LOOKUP}+<draft>: lookup where it matches) by default")

@@ -2,10 +2,12 @@
 target's at every k, target-only and auto, on onnxruntime and torch; seeds repeat; load-time drafter choice."""
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 
 from helpers import hf_greedy, make_tiny, watch_draft_writes
 from specexport import SamplingParams, SpeculativeDecoder, SpecExportError
@@ -258,3 +260,20 @@ def test_the_margin_stop_ends_a_rows_drafts_after_a_near_tie_and_keeps_the_targe
     from specexport.backends.ort_engine import _margins  # sampled rows have no tie to stop at
     q = np.array([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25], [1.0, 0.0, 0.0]], np.float32)
     assert np.allclose(_margins(q, np.array([True, False, True])), [np.log(2), np.inf, np.inf])
+
+
+def test_a_tied_targets_embedding_is_shared_once_as_the_rescored_heads_weight(tmp_path):
+    """A tied target's head is its embedding: the copy reads that one tensor under two names (its embedding and its
+    rescored head's exact weight, models/rescore.py), which the manifest counts once; the tokens stay the
+    target's."""
+    make_tiny(tmp_path / "t", "llama", tie_word_embeddings=True, logit_scale=4.0)
+    out = build(BuildConfig(target=str(tmp_path / "t"), draft="quant:int8", ks=(3,), out=str(tmp_path / "e"),
+                            **SHAPES), progress=False)["out"]
+    shared = json.loads((Path(out) / "manifest.json").read_text())["models"]["draft"]["shared"]
+    assert shared["tensors"]["model.lm_head.exact"] == "model.model.embed_tokens.weight"
+    with safe_open(str(Path(out) / shared["file"]), "np") as f:
+        size = {n: f.get_tensor(n).nbytes for n in set(shared["tensors"].values())}
+    assert shared["bytes"] == sum(size.values()), shared  # each target tensor once
+    dec = SpeculativeDecoder.load(out, drafter="model")
+    assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=3)] == \
+        [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)]
