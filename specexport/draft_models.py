@@ -13,7 +13,7 @@ from .config import HYBRID_PREFIX, PROMPT_LOOKUP, DecoderConfig, QuantSpec, is_q
 from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .errors import SpecExportError
 from .models import LoadedModel, load_model, read_config, resolve_path
-from .models.quant import QuantLinear, quantize_model
+from .models.quant import quantize_model
 from .models.layer_spec import LayerSpec, is_layers_spec
 
 
@@ -66,14 +66,12 @@ def quantized_copy(target: LoadedModel, spec: QuantSpec) -> LoadedModel:
         spec = dataclasses.replace(spec, head=0)
     head = model.lm_head  # the copy's float head (smoothed), before quantize_model replaces it
     model = quantize_model(model, spec)
+    record = {}
     if spec.head:
-        from .models.rescore import BLOCK, RescoredHead, head_scale
-        coarse = QuantLinear(head, QuantSpec(bits=spec.head, block_size=BLOCK, symmetric=False))
-        model.lm_head = RescoredHead(coarse, exact.weight, head_scale(target.model.model.norm.weight,
-                                                                      model.model.norm.weight))
-        return LoadedModel(model, target.config, target.tokenizer, spec.name,
-                           {"rescored_head": {"bits": spec.head, "block": BLOCK, "top": model.lm_head.n}})
-    return LoadedModel(model, target.config, target.tokenizer, spec.name)
+        from .models.rescore import BLOCK, rescored_head
+        model.lm_head = rescored_head(head, spec.head, target.model, model)
+        record["rescored_head"] = {"bits": spec.head, "block": BLOCK, "top": model.lm_head.n}
+    return LoadedModel(model, target.config, target.tokenizer, spec.name, record)
 
 
 def layer_draft(spec: str, target: LoadedModel, ks: tuple[int, ...] | None = None, show: bool = True) -> LoadedModel:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..config import QuantSpec
 from .quant import QuantLinear
 
 BLOCK = 128  # the coarse head's quantization block (asymmetric)
@@ -58,7 +59,14 @@ class RescoredHead(nn.Module):
         return logits.scatter(-1, top, exact)
 
 
+def rescored_head(head: nn.Linear, bits: int, target: nn.Module, copy: nn.Module) -> RescoredHead:
+    """The copy's rescored head: `head` (its float head, smoothed) quantized at `bits` as the coarse one, the
+    target's head weight as the exact one, the scale from the two models' final norms."""
+    coarse = QuantLinear(head, QuantSpec(bits=bits, block_size=BLOCK, symmetric=False))
+    return RescoredHead(coarse, target.lm_head.weight, head_scale(target.model.norm.weight, copy.model.norm.weight))
+
+
 def head_scale(target_norm: torch.Tensor, copy_norm: torch.Tensor) -> torch.Tensor:
-    """[D] the factors the copy's final norm was divided by (smoothing): x_target = x_copy * scale."""
-    return torch.where(copy_norm != 0, target_norm / copy_norm.where(copy_norm != 0, torch.ones_like(copy_norm)),
-                       torch.ones_like(copy_norm)).float()
+    """[D] the factors the copy's final norm was divided by (smoothing): x_target = x_copy * scale (1 where the
+    copy's norm weight is 0: that channel is 0 either way)."""
+    return torch.where(copy_norm != 0, target_norm / copy_norm, torch.ones_like(copy_norm)).float()
