@@ -13,8 +13,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (ACTIVATIONS, BACKENDS, FORMATS, HEAD_BITS, OPS, PROMPT_LOOKUP, SMOOTH_ALPHA, BuildConfig,
-                     DecoderConfig, SamplingParams)
+from .config import (ACTIVATIONS, BACKENDS, FORMATS, HEAD_BITS, OPS, PROMPT_LOOKUP, SMOOTH_ALPHA, TARGET_HEADS,
+                     BuildConfig, DecoderConfig, SamplingParams)
 from .errors import SpecExportError
 from .export.bench_engines import BENCH_DRAFTS, BENCH_KS, VERSUS_ENGINES, bench_engine, versus_engine
 
@@ -153,7 +153,7 @@ def cmd_build(a) -> int:
     formats = tuple(f.strip() for f in a.format.split(",") if f.strip())
     cfg = BuildConfig(target=a.target, draft=a.draft, ks=_parse_ks(a.k), formats=formats,
                       sampling=not a.greedy_only, out=a.out, ops=a.ops, target_quant=a.target_quant,
-                      activations=a.activations, **_shape_options(a))
+                      activations=a.activations, target_head=a.target_head, **_shape_options(a))
     summary = build(cfg, progress=not a.json)
     if a.triton_repo:
         from .triton.repository import write_repository
@@ -329,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ops", choices=OPS, default=BuildConfig.ops,
                    help="ONNX graph set: fused (ONNX Runtime's fused ops: GroupQueryAttention, SkipSimplified"
                         "LayerNormalization; fastest) or portable (standard ONNX ops, for other runtimes)")
+    b.add_argument("--target-head", choices=TARGET_HEADS, default=BuildConfig.target_head,
+                   help="the fused greedy graphs' argmax over an fp32 target's lm_head: certified (a coarse 8-bit "
+                        "head, a proven error bound, the top candidates rescored exactly, the full head only where "
+                        "unproven; the same tokens) or full (the whole head every step)")
     b.add_argument("--greedy-only", action="store_true", help="skip the sampling graphs")
     b.add_argument("--out", default=BuildConfig.out, help="the engine folder to write")
     b.add_argument("--json", action="store_true", help="print a machine-readable summary")

@@ -164,6 +164,8 @@ class DecoderConfig:
 FORMATS = ("onnx", "torchscript", "pt2")  # pt2: torch.export + AOTInductor (export/pt2.py)
 OPS = ("fused", "portable")  # ONNX graph sets: ONNX Runtime's fused ops, or standard ops any runtime has
 ACTIVATIONS = ("int8", "fp32")  # what quantized layers compute with (MatMulNBits accuracy_level 4 or 0)
+# the fused greedy graphs' argmax: proven from a coarse head (models/certified.py), or the full head every step
+TARGET_HEADS = ("certified", "full")
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ class BuildConfig:
     sampling: bool = True  # also build the sampling graphs (greedy graphs are always built)
     out: str = "engines/default"
     ops: str = "fused"  # the ONNX graph set (OPS); TorchScript always runs the portable modules
+    target_head: str = "certified"  # TARGET_HEADS: the fused greedy graphs' argmax (where the target's head is fp32)
 
     def __post_init__(self):
         if self.draft.startswith(HYBRID_PREFIX):
@@ -198,6 +201,8 @@ class BuildConfig:
             raise SpecExportError(f"--activations {self.activations!r}: choose {' or '.join(ACTIVATIONS)}")
         if self.target_quant is not None:
             self.target_quant_spec()  # a bad spec fails before any work
+        if self.target_head not in TARGET_HEADS:
+            raise SpecExportError(f"--target-head {self.target_head!r}: choose {' or '.join(TARGET_HEADS)}")
         if self.ops not in OPS:
             raise SpecExportError(f"--ops {self.ops!r} is not a graph set; choose {' or '.join(OPS)}")
         self.decoder()  # validates the shape fields

@@ -35,7 +35,7 @@ from torch import nn
 # the graphs' names and io contracts live in graphs.py (torch-free); re-exported for export/
 from .graphs import SAMPLING_INPUTS, graph_list, graph_name, io_names, kv_names, tokens_per_pass  # noqa: F401
 from .models import StaticKVDecoder
-from .verify import process_logits, sample_from, verify_greedy, verify_sampling
+from .verify import process_logits, sample_from, verify_greedy, verify_greedy_tokens, verify_sampling
 
 
 class _Step(nn.Module):
@@ -49,10 +49,10 @@ class _Step(nn.Module):
         self.vocab = model.cfg.vocab_size
         self.inplace, self.static = inplace, static
 
-    def _run(self, tokens, past_len, key_pos, kv, logits_index=None):
+    def _run(self, tokens, past_len, key_pos, kv, logits_index=None, argmax: bool = False):
         tokens = tokens.clamp(max=self.vocab - 1)  # ids past a smaller draft vocabulary: a stand-in token
         logits, keys, values = self.model.run(tokens, past_len, key_pos, kv[:self.n], kv[self.n:], logits_index,
-                                              self.inplace)
+                                              self.inplace, argmax)
         return logits, keys + values
 
 
@@ -151,24 +151,21 @@ class VerifyStep(_Step):
 
     def forward(self, tokens, draft_len, past_len, key_pos, *rest):
         k = self.k
-        if self.sampling:
-            temperature, top_k, top_p, greedy, u = rest[:5]
-            q = rest[5] if k > 0 else None
-            kv = rest[6:] if k > 0 else rest[5:]
-        else:
-            kv = rest
+        if not self.sampling:  # greedy: only the argmax (fused: the certified head's, models/certified.py)
+            target, kv = self._run(tokens, past_len, key_pos, rest, argmax=True)  # [B, k+1]
+            if k == 0:  # target-only
+                return (torch.zeros_like(target[:, 0]), target[:, 0], target, *kv)
+            return (*verify_greedy_tokens(target, tokens[:, 1:], draft_len), *kv)
+        temperature, top_k, top_p, greedy, u = rest[:5]
+        q = rest[5] if k > 0 else None
+        kv = rest[6:] if k > 0 else rest[5:]
         logits, kv = self._run(tokens, past_len, key_pos, kv)  # [B, k+1, V]
-        draft = tokens[:, 1:]  # [B, k]
-        if k == 0:  # target-only
-            nxt = logits[:, 0].argmax(-1)
-            if self.sampling:
-                p = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)
-                nxt = torch.where(greedy, nxt, sample_from(p[:, 0], u[:, 0]))
-            return (torch.zeros_like(nxt), nxt, nxt[:, None], *kv)
-        g_acc, g_next, g_committed = verify_greedy(logits, draft, draft_len)
-        if not self.sampling:
-            return (g_acc, g_next, g_committed, *kv)
         p = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)  # [B, k+1, V]
+        if k == 0:  # target-only
+            nxt = torch.where(greedy, logits[:, 0].argmax(-1), sample_from(p[:, 0], u[:, 0]))
+            return (torch.zeros_like(nxt), nxt, nxt[:, None], *kv)
+        draft = tokens[:, 1:]  # [B, k]
+        g_acc, g_next, g_committed = verify_greedy(logits, draft, draft_len)
         n_acc, nxt, committed = verify_sampling(p, q, draft, draft_len, u[:, :k], u[:, k])
         return (torch.where(greedy, g_acc, n_acc), torch.where(greedy, g_next, nxt),
                 torch.where(greedy[:, None], g_committed, committed), *kv)

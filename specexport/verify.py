@@ -69,10 +69,14 @@ def verify_greedy(p_logits: torch.Tensor, draft: torch.Tensor, draft_len: torch.
     draft_len: [B] long, how many of the k drafts are real (the rest are padding, never accepted).
     returns n_accepted [B], next_token [B], committed [B, k+1] (-1 padded).
     """
-    B, T, V = p_logits.shape
+    return verify_greedy_tokens(p_logits.argmax(-1), draft, draft_len)
+
+
+def verify_greedy_tokens(target: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor):
+    """verify_greedy over the target's argmax tokens [B, k+1] (a greedy graph's certified head gives only those)."""
+    B, T = target.shape
     k = T - 1
     assert draft.shape == (B, k) and draft_len.shape == (B,)
-    target = p_logits.argmax(-1)  # [B, k+1]
     valid = torch.arange(k, device=draft.device)[None] < draft_len[:, None]  # [B, k]
     match = (target[:, :k] == draft) & valid
     n_accepted = _leading_true(match)  # [B]

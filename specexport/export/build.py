@@ -27,6 +27,7 @@ from ..draft_models import load_draft
 from ..errors import SpecExportError
 from ..graphs import PER_ROW_MAX
 from ..models import LoadedModel, load_model, read_config, resolve_path
+from ..models.certified import BITS, BLOCK, SAFETY, certified_head
 from ..models.quant import quant_layers, quantize_model
 from ..models.layer_spec import LayerSpec, is_layers_spec
 from ..steps import graph_list
@@ -96,6 +97,11 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
         models["draft"] = load_draft(cfg.draft, target, dec_cfg, **stored, ks=cfg.ks)
     if cfg.target_quant and not shares_modules:
         quantize_model(target.model, cfg.target_quant_spec())
+    if cfg.target_head == "certified" and cfg.ops == "fused" and "onnx" in cfg.formats:  # (after the draft's copy:
+        target.model.head_search = certified_head(target.model.lm_head)  # the target's fused greedy graphs only)
+        if target.model.head_search is not None:
+            h = target.model.head_search
+            target.record["certified_head"] = {"bits": BITS, "block": BLOCK, "top": h.n, "safety": SAFETY}
     st.done(", ".join(f"{r}: {Path(m.source).name}" for r, m in models.items()) + _quant_note(target.model))
 
     tmp = out.with_name(out.name + ".partial")
@@ -141,6 +147,7 @@ def build(cfg: BuildConfig, progress: bool = True) -> dict:
                 for gname, info in infos.items():
                     entry["graphs"][gname] = {**info, "file": f"{place}/{info['file']}"}
                 bar.update()
+        m.model.head_search = None  # (ONNX's fused graphs only: TorchScript and pt2 would carry its buffers)
         if "torchscript" in cfg.formats:
             bar.set_description(f"{role} (torchscript)")
             ts_graphs = graph_list(role, cfg, "portable")

@@ -21,6 +21,7 @@ import torch
 from ..graphs import row_cache_name, rows_name
 from ..models import StaticKVDecoder
 from ..steps import PrefillStep, graph_name, io_names, make_step, tokens_per_pass, weight_tensors
+from .certified_graph import DOMAIN, expand_certified
 
 OPSET = 18
 WEIGHTS_FILE = "weights.safetensors"
@@ -114,13 +115,14 @@ def export_graph(model: StaticKVDecoder, kind: str, k: int, sampling: bool, chun
             f = os.path.join(tmp, "g.onnx")
             torch.onnx.export(module, inputs, f, dynamo=False, opset_version=OPSET, input_names=in_names,
                               output_names=out_names, dynamic_axes=dynamic_axes(in_names + out_names),
-                              do_constant_folding=True, custom_opsets=_custom_opsets(model, ops))
+                              do_constant_folding=True, custom_opsets=_custom_opsets(model, ops, kind, sampling))
             proto = onnx.load(f)
         with torch.no_grad():  # exact output shapes (batch symbolic): custom ops such as MatMulNBits defeat ONNX's
             shapes = [t.shape for t in module(*inputs)]  # shape inference, which would leave dims unnamed
     finally:
         model.ops = "portable"
     _pack_qkv(proto)
+    expand_certified(proto)
     _drop_unused_outputs(proto)
     for value_info, shape in zip(proto.graph.output, shapes):
         dims = value_info.type.tensor_type.shape.dim
@@ -253,8 +255,8 @@ def per_row_attention(proto, B: int):
 def _drop_unused_outputs(proto) -> None:
     """Name no optional output that nothing reads: SkipSimplifiedLayerNormalization's mean and inverse std
     (outputs 1 and 2, for training) are then not written. The traced node names all four outputs. Measured on
-    the int4 SmolLM2 step: +2.5% target-only decode. (Step graphs have no subgraphs, whose reads this skips.)"""
-    read = {i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output}
+    the int4 SmolLM2 step: +2.5% target-only decode. Reads inside subgraphs (the certified head's If) count."""
+    read = _reads(proto.graph) | {o.name for o in proto.graph.output}
     for n in proto.graph.node:
         if n.op_type == "SkipSimplifiedLayerNormalization":
             for j in (1, 2):
@@ -262,11 +264,26 @@ def _drop_unused_outputs(proto) -> None:
                     n.output[j] = ""
 
 
-def _custom_opsets(model: torch.nn.Module, ops: str) -> dict | None:
-    """com.microsoft: the fused set's ops, and MatMulNBits for quantized models."""
+def _reads(graph) -> set[str]:
+    """Every value a graph's nodes read, its subgraphs' (If branches) included."""
+    from onnx import AttributeProto
+    out = set()
+    for n in graph.node:
+        out.update(n.input)
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                out |= _reads(a.g)
+    return out
+
+
+def _custom_opsets(model: torch.nn.Module, ops: str, kind: str, sampling: bool) -> dict | None:
+    """com.microsoft: the fused set's ops, and MatMulNBits for quantized models; specexport: the certified head's
+    node in fused greedy verify graphs, expanded after the trace (certified_graph.py)."""
     from ..models.quant import QuantLinear
     fused = ops == "fused" or any(isinstance(m, QuantLinear) for m in model.modules())
-    return {"com.microsoft": 1} if fused else None
+    certified = (ops == "fused" and model.head_search is not None and kind.startswith("verify") and not sampling)
+    certified = {DOMAIN: 1} if certified else {}
+    return {"com.microsoft": 1, **certified} if fused else None
 
 
 def _io(value_info) -> list:

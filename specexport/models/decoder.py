@@ -265,6 +265,7 @@ class StaticKVDecoder(nn.Module):
         # "fused": run_fused (ONNX Runtime's fused ops) when traced for the fused graph set; "fused_rows2": the
         # same with each layer's attention over every token twice (the exact 1-token step, see run_fused)
         self.ops = "portable"
+        self.head_search = None  # a CertifiedHead (models/certified.py): the fused greedy graphs' argmax
         self._set_rope(torch.float32)
 
     def fuse(self) -> "StaticKVDecoder":
@@ -291,17 +292,19 @@ class StaticKVDecoder(nn.Module):
                         logits_index)[0]
 
     def run(self, tokens: torch.Tensor, past_len: torch.Tensor, key_pos: torch.Tensor, keys: list[torch.Tensor],
-            values: list[torch.Tensor], logits_index: torch.Tensor | None = None, inplace: bool = True):
+            values: list[torch.Tensor], logits_index: torch.Tensor | None = None, inplace: bool = True,
+            argmax: bool = False):
         """Run T tokens per row at positions past_len[b] + arange(T), writing their KV into the caches.
 
         tokens: [B, T] long; past_len: [B] long; key_pos: [L] long = arange(L), the cache prefix attention reads
         (L >= max(past_len) + T; later positions are masked anyway); keys, values: per layer [B, Hkv, S, D].
         logits_index: [B] long, the one position per row whose logits are wanted, or None for all.
         inplace: write the caches in place (eager, TorchScript) or return new ones (ONNX export).
+        argmax: return the logits' argmax [B, T] (long) in their place (greedy graphs; fused: the certified head's).
         returns logits [B, T, V] (or [B, 1, V] with logits_index) in fp32, keys, values.
         """
         if self.ops.startswith("fused"):
-            return self.run_fused(tokens, past_len, key_pos, keys, values, logits_index)
+            return self.run_fused(tokens, past_len, key_pos, keys, values, logits_index, argmax)
         T = _static(tokens.shape[1])
         S = keys[0].shape[2]
         cfg = self.cfg
@@ -323,9 +326,10 @@ class StaticKVDecoder(nn.Module):
             x, keys[i], values[i] = layer(x, cos, sin, write_idx, mask, keys[i], values[i], inplace)
         if logits_index is not None:
             x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
-        return _linear(self.lm_head, self.model.norm(x)).float(), keys, values
+        logits = _linear(self.lm_head, self.model.norm(x)).float()
+        return (logits.argmax(-1) if argmax else logits), keys, values
 
-    def run_fused(self, tokens, past_len, key_pos, keys, values, logits_index=None):
+    def run_fused(self, tokens, past_len, key_pos, keys, values, logits_index=None, argmax: bool = False):
         """`run` over ONNX Runtime's fused ops (models/ort_ops.py): per layer two norm nodes, the linears, one
         GroupQueryAttention writing the caches in place. Same inputs and outputs as `run` (always out of place,
         as exported); batch > 1 with T > 1 runs only eagerly (ONNX Runtime's kernel refuses it)."""
@@ -352,7 +356,10 @@ class StaticKVDecoder(nn.Module):
             x, residual = ort_ops.add_rms_norm(layer.mlp.forward_fused(x), residual, nxt, eps)
         if logits_index is not None:
             x = x.gather(1, logits_index[:, None, None].expand(-1, 1, cfg.hidden_size))  # [B, 1, hidden]
-        return _fused_linear(self.lm_head, x).float(), keys, values
+        if argmax and self.head_search is not None:
+            return self.head_search(x, self.lm_head.weight), keys, values
+        logits = _fused_linear(self.lm_head, x).float()
+        return (logits.argmax(-1) if argmax else logits), keys, values
 
     def run_pending(self, tokens: torch.Tensor, prefix_len: torch.Tensor, key_pos: torch.Tensor,
                     k_prefix: list[torch.Tensor], v_prefix: list[torch.Tensor], k_pend: list | None,

@@ -186,3 +186,29 @@ def test_draft_catch_up_by_draft_calls_equals_by_prefill_chunks(engines, portabl
     (drafted_c, accepted_c), (drafted_p, accepted_p) = runs
     assert drafted_c > 0 and drafted_p > 0 and accepted_c > 0
     assert abs(accepted_p / drafted_p - accepted_c / drafted_c) <= 0.1, runs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_certified_head_gives_the_full_heads_tokens(engines, tiny, hf_reference, family, tmp_path):
+    """The fused greedy graphs' certified argmax (models/certified.py) against the same engine built with
+    `--target-head full`: the same tokens target-only, at every k and at auto, equal to transformers. The If that
+    falls back to the full head is in every greedy verify graph and in no sampling one."""
+    import json
+    from pathlib import Path
+    from helpers import SHAPES
+    from specexport.config import BuildConfig
+    from specexport.export.build import build
+    full = build(BuildConfig(target=tiny[family]["target"], draft=tiny[family]["perturbed"], ks=(1, 3),
+                             target_head="full", out=str(tmp_path / "full"), **SHAPES), progress=False)["out"]
+    manifests = [json.loads((Path(e) / "manifest.json").read_text())["models"]["target"]
+                 for e in (engines[family], full)]
+    assert manifests[0]["certified_head"] == {"bits": 8, "block": 32, "top": 16, "safety": 1.25}
+    assert "certified_head" not in manifests[1]
+    for name, g in manifests[0]["graphs"].items():
+        assert ("If" in g["op_counts"]) == (name.startswith("verify") and "greedy" in name), name
+    assert not any("If" in g["op_counts"] for g in manifests[1]["graphs"].values())
+    for e in (engines[family], full):
+        dec = SpeculativeDecoder.load(e)
+        assert [o.token_ids for o in dec.generate(PROMPTS, NEW, speculative=False)] == hf_reference[family]
+        for k in (1, 3, "auto"):
+            assert [o.token_ids for o in dec.generate(PROMPTS, NEW, k=k)] == hf_reference[family], k
