@@ -2,9 +2,14 @@
 
     MatMulNBits(x) + ReduceMax(|x| per block) @ bound  -> TopK(n + 1)  -> rescore the top n exactly
     If (every row proven): the rescored argmax
-    else:                  FusedMatMul(x, W) -> TopK(n) -> rescore those
+    else: TopK(WIDE + 1) of the same upper bounds -> rescore the top WIDE exactly
+          If (every row proven): that argmax
+          else: FusedMatMul(x, W) -> TopK(n) -> rescore those
 
 rescore: Gather(W, cand) * x -> ReduceSum (the candidates' fp32 logits) -> the lowest id among the largest.
+The wide rescoring proves what the top n cannot (high-entropy positions, where more tokens come near the top)
+from 64 rows, so the full head almost never runs: its FusedMatMul sits in a subgraph, where ONNX
+Runtime does not pre-pack an outer graph's weight, and would read (and keep resident) the whole unpacked head.
 An ONNX-level rewrite, as onnx_graphs._pack_qkv is: the legacy exporter has no If with subgraphs from a symbolic.
 """
 
@@ -15,11 +20,11 @@ import numpy as np
 from ..models.certified import MARK
 
 DOMAIN = "specexport"
+WIDE = 64  # candidates the second level rescores (SmolLM2: proves every position the top 16 did not)
 
 
 def expand_certified(proto) -> int:
     """Replace every CertifiedArgmax node of a traced graph by its nodes -> how many were replaced."""
-    import onnx
     from onnx import helper, numpy_helper
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
@@ -32,8 +37,9 @@ def expand_certified(proto) -> int:
         n, block, bits = attrs["top"], attrs["block"], attrs["bits"]
         nb, V = (int(d) for d in inits[bound].dims)
         p = f"{node.name or 'certified'}_{done}/"
-        const = {"axes_last": [-1], "axes_row": [-2], "zero": [0], "n": [n], "n1": [n + 1],
-                 "blocks": [0, 0, nb, block], "vocab": V}
+        wide = min(WIDE, V - 1)
+        const = {"axes_last": [-1], "axes_row": [-2], "zero": [0], "n": [n], "n1": [n + 1], "wide": [wide],
+                 "wide1": [wide + 1], "blocks": [0, 0, nb, block], "vocab": V}
         for name, value in const.items():
             graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), p + name))
         c = {name: p + name for name in const}
@@ -46,27 +52,15 @@ def expand_certified(proto) -> int:
             mk("ReduceMax", [p + "abs_blocks", c["axes_last"]], [p + "amax"], keepdims=0),  # [B, T, nb]
             mk("MatMul", [p + "amax", bound], [p + "err"]),  # [B, T, V]
             mk("Add", [p + "coarse", p + "err"], [p + "upper"]),
-            mk("TopK", [p + "upper", c["n1"]], [p + "upper_top", p + "upper_ids"], axis=-1),
-            mk("Slice", [p + "upper_ids", c["zero"], c["n"], c["axes_last"]], [p + "cand"]),
-            mk("Slice", [p + "upper_top", c["n"], c["n1"], c["axes_last"]], [p + "threshold"]),  # [B, T, 1]
             mk("Unsqueeze", [x, c["axes_row"]], [p + "x_row"]),  # [B, T, 1, D]
         ]
-        nodes += _rescore(p + "c/", p + "cand", w, p + "x_row", c, p + "token", p + "best")
-        nodes += [
-            mk("Greater", [p + "best", p + "threshold"], [p + "proven"]),
-            mk("Cast", [p + "proven"], [p + "proven_i"], to=onnx.TensorProto.INT32),
-            mk("ReduceMin", [p + "proven_i"], [p + "all_i"], keepdims=0),
-            mk("Cast", [p + "all_i"], [p + "all"], to=onnx.TensorProto.BOOL),
-        ]
-        out = node.output[0]
-        then = helper.make_graph([mk("Identity", [p + "token"], [p + "then_out"])], p + "then", [],
-                                 [helper.make_tensor_value_info(p + "then_out", onnx.TensorProto.INT64, None)])
+        nodes += _proven(p + "n/", p + "upper", "n", w, p + "x_row", c)
         full = [mk("FusedMatMul", [x, w], [p + "full"], domain="com.microsoft", transB=1),
                 mk("TopK", [p + "full", c["n"]], [p + "full_top", p + "full_ids"], axis=-1)]
-        full += _rescore(p + "f/", p + "full_ids", w, p + "x_row", c, p + "else_out", p + "full_best")
-        other = helper.make_graph(full, p + "else", [],
-                                  [helper.make_tensor_value_info(p + "else_out", onnx.TensorProto.INT64, None)])
-        nodes.append(mk("If", [p + "all"], [out], then_branch=then, else_branch=other, name=p + "if"))
+        full += _rescore(p + "f/", p + "full_ids", w, p + "x_row", c, p + "f/token", p + "f/best")
+        wide_nodes = _proven(p + "w/", p + "upper", "wide", w, p + "x_row", c)
+        wide_nodes.append(_if(p + "w/", p + "w/all", p + "w/token", p + "f/token", full, p + "wide_token"))
+        nodes.append(_if(p + "n/", p + "n/all", p + "n/token", p + "wide_token", wide_nodes, node.output[0]))
         del graph.node[pos]
         for i, new in enumerate(nodes):
             graph.node.insert(pos + i, new)
@@ -76,6 +70,38 @@ def expand_certified(proto) -> int:
         del proto.opset_import[:]
         proto.opset_import.extend(kept)
     return done
+
+
+def _proven(p: str, upper: str, width: str, w: str, x_row: str, c: dict) -> list:
+    """p + "token" [B, T]: the argmax among the top c[width] upper bounds, rescored; p + "all": a bool scalar, is
+    every row proven (its best exact logit above the next upper bound)?"""
+    import onnx
+    from onnx import helper
+    mk = helper.make_node
+    nodes = [
+        mk("TopK", [upper, c[width + "1"]], [p + "top", p + "ids"], axis=-1),
+        mk("Slice", [p + "ids", c["zero"], c[width], c["axes_last"]], [p + "cand"]),
+        mk("Slice", [p + "top", c[width], c[width + "1"], c["axes_last"]], [p + "threshold"]),  # [B, T, 1]
+    ]
+    nodes += _rescore(p, p + "cand", w, x_row, c, p + "token", p + "best")
+    return nodes + [
+        mk("Greater", [p + "best", p + "threshold"], [p + "proven"]),
+        mk("Cast", [p + "proven"], [p + "proven_i"], to=onnx.TensorProto.INT32),
+        mk("ReduceMin", [p + "proven_i"], [p + "all_i"], keepdims=0),
+        mk("Cast", [p + "all_i"], [p + "all"], to=onnx.TensorProto.BOOL),
+    ]
+
+
+def _if(p: str, cond: str, then_value: str, else_value: str, else_nodes: list, out: str):
+    """out = then_value if cond else (else_nodes' else_value): the else branch runs only when needed."""
+    import onnx
+    from onnx import helper
+    info = lambda name: helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None)  # noqa: E731
+    then = helper.make_graph([helper.make_node("Identity", [then_value], [p + "then_out"])], p + "then", [],
+                             [info(p + "then_out")])
+    other = helper.make_graph(else_nodes + [helper.make_node("Identity", [else_value], [p + "else_out"])],
+                              p + "else", [], [info(p + "else_out")])
+    return helper.make_node("If", [cond], [out], then_branch=then, else_branch=other, name=p + "if")
 
 
 def _rescore(p: str, cand: str, w: str, x_row: str, c: dict, token: str, best: str) -> list:

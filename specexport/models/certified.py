@@ -11,8 +11,9 @@ needs the head's argmax. Here (ONNX Runtime's fused greedy graphs; export/certif
     token     = argmax(exact), lowest id on a tie (as ArgMax over the full head)
 
 The answer is proven when the best candidate's exact logit exceeds the (n+1)-th upper bound: every other token's
-exact logit is below its upper bound, which is below that. Where some row is not proven, an If runs the full
-head (FusedMatMul) for the step and rescores its top n the same way. Either way a row's token is the argmax of the
+exact logit is below its upper bound, which is below that. Where some row is not proven, an If rescores the top 64
+upper bounds the same way, and where even that proves nothing, runs the full head (FusedMatMul) and rescores its
+top n. Whichever level answers, a row's token is the argmax of the
 same fp32 dot products (ReduceSum over [.., n, D], bit for bit the same whatever the row count or n) over a set
 holding every token near the top, so a 1-row target-only step and a (k+1)-row verify give the same token.
 

@@ -266,7 +266,8 @@ def test_shared_tensors_exist_once_in_memory(tmp_path, prepack):
               num_key_value_heads=2)
     make_tiny(tmp_path / "t", "llama", **kw)
     make_tiny(tmp_path / "d", "llama", seed=3, **{**kw, "num_hidden_layers": 2})
-    shape = dict(ks=(3,), max_seq_len=256, max_batch=1, prefill_chunk=16, sampling=False)
+    shape = dict(ks=(3,), max_seq_len=256, max_batch=1, prefill_chunk=16, sampling=False,
+                 target_head="full")  # (the target's certified head maps rows of its head as it reads them)
     shared = build(BuildConfig(target=str(tmp_path / "t"), draft="layers:0,2", out=str(tmp_path / "s"), **shape),
                    progress=False)
     separate = build(BuildConfig(target=str(tmp_path / "t"), draft=str(tmp_path / "d"), out=str(tmp_path / "c"),

@@ -19,13 +19,13 @@ from specexport.export.build import build
 MEASURE = """
 import json, sys
 from specexport import SpeculativeDecoder
-def rss():
-    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/smaps_rollup") if l.startswith("Rss:"))
-before = rss()
+def rss(key="Rss:"):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/smaps_rollup") if l.startswith(key))
+before, anon = rss(), rss("Anonymous:")
 dec = SpeculativeDecoder.load(sys.argv[1], max_batch=1, prepack=True, preload=True)
 outs = [dec.generate([5, 6, 7, 8, 9, 10, 11, 5, 6, 7], 24, speculative=s)[0].token_ids for s in (True, False)]
 out = {"extra": rss() - before, "capi": dec.target.capi, "sessions": len(dec.target._sessions), "tokens": outs,
-       "huge": dec.target.huge_bytes}
+       "huge": dec.target.huge_bytes, "anon": rss("Anonymous:") - anon}
 del dec  # no reference cycles: freed at once, with no garbage collection
 out["left"] = rss() - before
 print(json.dumps(out))
@@ -45,8 +45,10 @@ def test_prepacked_weights_are_held_once(tmp_path):
     kw = dict(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
               num_key_value_heads=2, tie_word_embeddings=False)
     make_tiny(tmp_path / "t", "llama", **kw)
+    # (the full head: the certified head's rescoring reads rows of the mapped original, below)
     out = build(BuildConfig(target=str(tmp_path / "t"), ks=(2, 3), max_seq_len=128, max_batch=1, prefill_chunk=16,
-                            sampling=False, dtype="fp32", out=str(tmp_path / "e")), progress=False)
+                            sampling=False, dtype="fp32", target_head="full", out=str(tmp_path / "e")),
+                progress=False)
     weights = out["files"]["target/weights.safetensors"]
     shared, own = _measure(out["out"], True), _measure(out["out"], False)
     assert shared["capi"] and not own["capi"] and shared["sessions"] == own["sessions"] >= 4
@@ -61,6 +63,29 @@ def test_prepacked_weights_are_held_once(tmp_path):
     assert shared["left"] < 0.6 * weights, (shared["left"], weights)
     if hugepages.enabled():  # the packed copy went to 2 MB pages (backends/hugepages.py), within the memory above
         assert shared["huge"] > 0.3 * weights, (shared["huge"], weights)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc")
+@pytest.mark.skipif(not ort_capi.available(), reason="this onnxruntime wheel has no usable C library")
+def test_the_certified_head_adds_its_codes_not_a_copy_of_the_head(tmp_path):
+    """The certified head (models/certified.py) holds its 8-bit codes, scales and bound as the process's own memory
+    (the codes pre-packed once), and no copy of the float head: its rescoring Gathers read rows of the mapped
+    weights file, whose pages the kernel maps as they are read (file-backed page cache, at most the head's
+    bytes). Against the same engine built with the full head, in fresh processes."""
+    kw = dict(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+              num_key_value_heads=2, tie_word_embeddings=False)
+    make_tiny(tmp_path / "t", "llama", **kw)
+    outs = {h: build(BuildConfig(target=str(tmp_path / "t"), ks=(2, 3), max_seq_len=128, max_batch=1, prefill_chunk=16,
+                                 sampling=False, dtype="fp32", target_head=h, out=str(tmp_path / h)), progress=False)
+            for h in ("full", "certified")}
+    own = outs["certified"]["files"]["target/weights.safetensors"] - outs["full"]["files"]["target/weights.safetensors"]
+    head = 32000 * 512 * 4
+    assert 0.2 * head < own < 0.4 * head  # codes (a byte a weight), scales and the bound
+    full, cert = (_measure(outs[h]["out"], True) for h in ("full", "certified"))
+    assert full["tokens"] == cert["tokens"]
+    assert cert["anon"] - full["anon"] < 1.5 * own, (cert["anon"], full["anon"], own)
+    file_backed = (cert["extra"] - cert["anon"]) - (full["extra"] - full["anon"])
+    assert file_backed < 1.1 * head, (file_backed, head)
 
 
 def test_c_api_errors_name_the_problem(tmp_path):

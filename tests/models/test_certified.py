@@ -62,13 +62,9 @@ def _inputs(n: int, seed: int = 1) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("q8", [True, False], ids=["q8-exact-head", "float-head"])
-def test_the_bound_holds_on_onnx_runtimes_own_kernel(q8):
-    """|MatMulNBits(x) - x . W| <= amax_blocks(|x|) @ bound for every token, on the kernel the graphs run (int8
-    activations), for a head its codes hold exactly and for one they do not."""
+def _coarse(h: CertifiedHead, x: np.ndarray) -> np.ndarray:
+    """[M, V] float64: the coarse logits as the graphs compute them (MatMulNBits, 8 bits, int8 activations)."""
     from onnx import TensorProto, helper, numpy_helper
-    w = _weight(3, q8)
-    h = CertifiedHead(w)
     node = helper.make_node("MatMulNBits", ["x", "codes", "scales"], ["y"], domain="com.microsoft", K=D, N=V, bits=8,
                             block_size=BLOCK, accuracy_level=4)
     graph = helper.make_graph([node], "coarse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", D])],
@@ -78,13 +74,43 @@ def test_the_bound_holds_on_onnx_runtimes_own_kernel(q8):
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
     s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": x})[0].astype(np.float64)
+
+
+def _bound(h: CertifiedHead, x: np.ndarray) -> np.ndarray:
+    amax = np.abs(x).reshape(len(x), D // BLOCK, BLOCK).max(-1).astype(np.float64)
+    return amax @ h.bound.double().numpy()
+
+
+@pytest.mark.parametrize("q8", [True, False], ids=["q8-exact-head", "float-head"])
+def test_the_bound_holds_on_onnx_runtimes_own_kernel(q8):
+    """|MatMulNBits(x) - x . W| <= amax_blocks(|x|) @ bound for every token, on the kernel the graphs run (int8
+    activations), for a head its codes hold exactly and for one they do not."""
+    w = _weight(3, q8)
+    h = CertifiedHead(w)
     x = _inputs(64)
-    coarse = s.run(None, {"x": x})[0].astype(np.float64)
+    coarse = _coarse(h, x)
     exact = x.astype(np.float64) @ w.double().numpy().T
-    amax = np.abs(x).reshape(-1, D // BLOCK, BLOCK).max(-1).astype(np.float64)
-    bound = amax @ h.bound.double().numpy()
-    assert (np.abs(coarse - exact) <= bound).all()
+    assert (np.abs(coarse - exact) <= _bound(h, x)).all()
     assert np.abs(coarse - exact).max() > 0  # (int8 activations do round)
+
+
+def test_what_the_top_16_cannot_prove_the_top_64_does(tmp_path):
+    """30 tokens a hair below the top (closer than the bound): the top 16 upper bounds cannot prove the argmax,
+    the top 64 can (export/certified_graph.py's second level), and the graph's token is the exact argmax."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(D).astype(np.float32)
+    w = torch.from_numpy(rng.standard_normal((V, D)).astype(np.float32) * 1e-3)
+    unit = torch.from_numpy(x / float(x @ x))
+    w[11] += 10.0 * unit  # the argmax: logit ~10
+    for i in range(100, 130):
+        w[i] += 9.995 * unit  # 30 tokens at ~9.995
+    m = _Argmax(w)
+    upper = _coarse(m.head, x[None]) + _bound(m.head, x[None])
+    order = np.argsort(-upper[0])
+    exact = w.double().numpy() @ x.astype(np.float64)
+    assert upper[0, order[16]] >= exact.max() > upper[0, order[64]]  # unproven at 16, proven at 64
+    assert _session(m, tmp_path).run(None, {"x": x[None, None]})[0][0, 0] == exact.argmax()
 
 
 def test_proven_and_fallback_rows_give_the_full_heads_argmax(tmp_path):
