@@ -2,7 +2,8 @@
 """RSS of a loaded engine pair against the bytes of its weights plus its KV buffers.
 
 Runs in this fresh process: imports, then (baseline) load the engine, generate (speculative and target-only),
-then read the kernel's peak RSS (VmHWM) and the resident set after the runs (VmRSS). Reports the ratios for
+then read the kernel's peak RSS (VmHWM) and the resident set after the runs (VmRSS, and its anonymous part,
+RssAnon: the rest is the mapped weights files' pages, page cache the kernel can take back). Reports the ratios for
 the whole process and for what the engine pair added over the imported libraries (Python + torch +
 onnxruntime + transformers). The peak includes the load's transients: pre-packing reads the mapped weights
 (their pages go back once every session has packed) while the packed copy is being made.
@@ -48,7 +49,7 @@ def main():
 
     from specexport import SpeculativeDecoder
     from specexport.export.inspect import describe
-    baseline = status("VmRSS")
+    baseline, anon_base = status("VmRSS"), status("RssAnon")
     opts = {"prepack": a.prepack} if a.prepack is not None else {}
     if a.drafter:
         opts["drafter"] = a.drafter
@@ -57,7 +58,7 @@ def main():
              "        out.append(x * 2)\n    return out\n"
     dec.generate([prompt] * a.max_batch, max_new_tokens=64, chat=True, speculative=a.drafter != "prompt-lookup")
     dec.generate([prompt] * a.max_batch, max_new_tokens=64, chat=True, speculative=False)
-    peak, steady = status("VmHWM"), status("VmRSS")
+    peak, steady, anon = status("VmHWM"), status("VmRSS"), status("RssAnon")
     info = describe(a.engine)
     weights = info["memory"]["weights_bytes"]
     kv = sum(m["kv_bytes_per_row"] for m in info["models"].values()  # (a draft over the target's cache has none)
@@ -68,7 +69,11 @@ def main():
            "weights_mb": weights / 1e6, "kv_mb": kv / 1e6, "baseline_rss_mb": baseline / 1e6, "peak_rss_mb": peak / 1e6,
            "peak_over_weights_plus_kv": peak / (weights + kv),
            "engine_pair_over_weights_plus_kv": (peak - baseline) / (weights + kv), "rss_after_mb": steady / 1e6,
-           "engine_pair_after_over_weights_plus_kv": (steady - baseline) / (weights + kv)}
+           "engine_pair_after_over_weights_plus_kv": (steady - baseline) / (weights + kv),
+           # of that, the process's own memory (packed copies, caches, arenas) and the mapped weights files' pages
+           # (file-backed page cache: what the kernel can take back under pressure)
+           "engine_pair_after_anon_over_weights_plus_kv": (anon - anon_base) / (weights + kv),
+           "engine_pair_after_file_mb": ((steady - baseline) - (anon - anon_base)) / 1e6}
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
 
 
