@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 from kernel_bench import timed  # noqa: E402
-from specexport.export.certified_graph import DOMAIN, expand_certified  # noqa: E402
+from specexport.export.certified_graph import DOMAIN, coarse_model, expand_certified  # noqa: E402
 from specexport.models import load_model  # noqa: E402
 from specexport.models.calibration import _greedy, _prompts  # noqa: E402
 from specexport.models.certified import CertifiedHead  # noqa: E402
@@ -82,17 +82,8 @@ def main() -> None:
              "certified": session(_Head(W, cert), W.shape[1], a.threads)}
     # how many positions the bound proves (ONNX Runtime's coarse kernel, as in the graph), and equal tokens
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
     V, D = W.shape
-    node = helper.make_node("MatMulNBits", ["x", "codes", "scales"], ["y"], domain="com.microsoft", K=D, N=V, bits=8,
-                            block_size=32, accuracy_level=4)
-    g = helper.make_graph([node], "coarse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", D])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(cert.codes.numpy(), "codes"),
-                           numpy_helper.from_array(cert.scales.numpy(), "scales")])
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
-    coarse = ort.InferenceSession(helper.make_model(g, opset_imports=opsets, ir_version=8).SerializeToString(),
-                                  providers=["CPUExecutionProvider"])
+    coarse = ort.InferenceSession(coarse_model(cert).SerializeToString(), providers=["CPUExecutionProvider"])
     c = coarse.run(None, {"x": X})[0].astype(np.float64)
     exact = X.astype(np.float64) @ W.double().numpy().T
     err = np.abs(X).reshape(len(X), D // 32, 32).max(-1).astype(np.float64) @ cert.bound.double().numpy()

@@ -45,8 +45,7 @@ def expand_certified(proto) -> int:
         c = {name: p + name for name in const}
         mk = helper.make_node
         nodes = [
-            mk("MatMulNBits", [x, codes, scales], [p + "coarse"], domain="com.microsoft", K=nb * block, N=V, bits=bits,
-               block_size=block, accuracy_level=4),
+            coarse_node(x, codes, scales, p + "coarse", nb * block, V, block, bits),
             mk("Abs", [x], [p + "abs"]),
             mk("Reshape", [p + "abs", c["blocks"]], [p + "abs_blocks"]),
             mk("ReduceMax", [p + "abs_blocks", c["axes_last"]], [p + "amax"], keepdims=0),  # [B, T, nb]
@@ -70,6 +69,28 @@ def expand_certified(proto) -> int:
         del proto.opset_import[:]
         proto.opset_import.extend(kept)
     return done
+
+
+def coarse_node(x: str, codes: str, scales: str, out: str, K: int, N: int, block: int, bits: int):
+    """The coarse logits [.., N]: MatMulNBits over the head's codes with int8 activations (accuracy_level 4), the
+    kernel whose rounding the bound covers."""
+    from onnx import helper
+    return helper.make_node("MatMulNBits", [x, codes, scales], [out], domain="com.microsoft", K=K, N=N, bits=bits,
+                            block_size=block, accuracy_level=4)
+
+
+def coarse_model(head):
+    """A model of the coarse logits alone, x [M, D] -> [M, V], over a CertifiedHead's codes: what the bound is
+    checked against (tests, tools/head_bench.py)."""
+    from onnx import TensorProto, helper, numpy_helper
+    V, nb, block = (int(d) for d in head.codes.shape)
+    graph = helper.make_graph([coarse_node("x", "codes", "scales", "y", nb * block, V, block, 8)], "coarse",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", nb * block])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(head.codes.numpy(), "codes"),
+                               numpy_helper.from_array(head.scales.numpy(), "scales")])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
 def _proven(p: str, upper: str, width: str, w: str, x_row: str, c: dict) -> list:

@@ -281,9 +281,8 @@ def _custom_opsets(model: torch.nn.Module, ops: str, kind: str, sampling: bool) 
     node in fused greedy verify graphs, expanded after the trace (certified_graph.py)."""
     from ..models.quant import QuantLinear
     fused = ops == "fused" or any(isinstance(m, QuantLinear) for m in model.modules())
-    certified = (ops == "fused" and model.head_search is not None and kind.startswith("verify") and not sampling)
-    certified = {DOMAIN: 1} if certified else {}
-    return {"com.microsoft": 1, **certified} if fused else None
+    certified = ops == "fused" and model.head_search is not None and kind.startswith("verify") and not sampling
+    return {"com.microsoft": 1, **({DOMAIN: 1} if certified else {})} if fused else None
 
 
 def _io(value_info) -> list:

@@ -52,7 +52,7 @@ class CertifiedHead(nn.Module):
         super().__init__()
         V, D = weight.shape
         assert D % BLOCK == 0, f"certified head: hidden size {D} is not a multiple of {BLOCK}"
-        self.n, self.vocab, self.dim = min(n, V - 1), V, D
+        self.n = min(n, V - 1)
         q = quantize_weight(weight.detach(), SPEC)
         w = weight.detach().double().reshape(V, D // BLOCK, BLOCK)
         coarse = dequantize_weight(q, SPEC, D).double().reshape(V, D // BLOCK, BLOCK)

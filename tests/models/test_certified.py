@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specexport.config import QuantSpec
-from specexport.export.certified_graph import DOMAIN, expand_certified
+from specexport.export.certified_graph import DOMAIN, coarse_model, expand_certified
 from specexport.models.certified import BLOCK, CertifiedHead, certified_head
 from specexport.models.quant import QuantLinear
 
@@ -64,16 +64,7 @@ def _inputs(n: int, seed: int = 1) -> np.ndarray:
 
 def _coarse(h: CertifiedHead, x: np.ndarray) -> np.ndarray:
     """[M, V] float64: the coarse logits as the graphs compute them (MatMulNBits, 8 bits, int8 activations)."""
-    from onnx import TensorProto, helper, numpy_helper
-    node = helper.make_node("MatMulNBits", ["x", "codes", "scales"], ["y"], domain="com.microsoft", K=D, N=V, bits=8,
-                            block_size=BLOCK, accuracy_level=4)
-    graph = helper.make_graph([node], "coarse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", D])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(h.codes.numpy(), "codes"),
-                               numpy_helper.from_array(h.scales.numpy(), "scales")])
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
-    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(coarse_model(h).SerializeToString(), providers=["CPUExecutionProvider"])
     return s.run(None, {"x": x})[0].astype(np.float64)
 
 
