@@ -317,7 +317,9 @@ class Batch:
                     lens = lk.draft_len.tolist()
                     use = [take and (self.reqs[b] is None or self.auto.lookup_row_beats_model(
                         self.acc[b], lk.source[b], lens[b], k)) for b, take in enumerate(use)]
-                prop = d.merge(_cut(lk, k), use, d.model_propose(x, k, use), sampling)
+                pays = None if self.auto is None else (lambda b, j, s, n: self.reqs[b] is None or
+                                                       self.auto.handover_pays(self.acc[b], s, j, n, k, B))
+                prop = d.merge(_cut(lk, k), use, d.model_propose(x, k, use, pays), sampling)
                 if self.auto is not None:  # rows that took the model's proposal: their lookup proposals (if any)
                     unused = [lk.draft[b, :n].tolist() if n and not use[b] else None  # checked as the target commits
                               for b, n in enumerate(lens)]

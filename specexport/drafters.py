@@ -280,8 +280,9 @@ class HybridDrafter:
 
     Handover (`handover`, on by default): a draft over the target's cache keeps no state of its own, so its chain
     of passes can end at any pass. While the model drafts, each row's committed text plus its drafts so far is
-    looked up after every pass; once that ends in a match of at least min_match tokens, the rest of the row's k
-    tokens are lookup's (one-hot q) and the row needs no more passes: the chain ends when every model row has
+    looked up after every pass; once that ends in a match of at least min_match tokens, and where the step's rule
+    allows it (model_propose's `pays`: autok.AutoK.handover_pays), the rest of the row's k tokens are lookup's
+    (one-hot q) and the row needs no more passes: the chain ends when every model row has
     handed over. Where text returns to a passage after an edit, the passes that would re-draft it are saved.
     Lossless: each position's q is the distribution its token was drawn from given the tokens before it (the
     model's, or one-hot where a deterministic rule of those tokens chose lookup's)."""
@@ -322,9 +323,10 @@ class HybridDrafter:
         lk = self.lookup.propose(x, k)
         return lk, [s >= self.min_match for s in lk.source]
 
-    def model_propose(self, x: DraftInputs, k: int, use: list[bool]) -> Proposal:
+    def model_propose(self, x: DraftInputs, k: int, use: list[bool], pays=None) -> Proposal:
         """The model's drafts for the rows not in `use`, which hand over to lookup where they can (class
-        docstring) and end where the model is unsure (ModelDrafter.propose)."""
+        docstring) and where pays(b, j, source, n) allows (autok.AutoK.handover_pays: lookup's n tokens after the
+        model's j promise more than drafting on), and end where the model is unsure (ModelDrafter.propose)."""
         if not (self.hands_over and k > 1):
             return self.model.propose(x, k, use)
         B = len(use)
@@ -333,6 +335,8 @@ class HybridDrafter:
 
         def take_over(b: int, drafts: np.ndarray) -> bool:  # drafts [i]: row b's drafts so far
             rest = hand_over(self.lookup, self.min_match, np.concatenate([hist[b], drafts]), k - len(drafts))
+            if rest is not None and pays is not None and not pays(b, len(drafts), rest[1], len(rest[0])):
+                rest = None
             if rest is not None:
                 split[b] = (len(drafts), rest[1], rest[0])
             return rest is not None

@@ -955,3 +955,29 @@ def test_a_handover_verifies_lookups_rest_only_as_far_as_it_pays():
     ctl.acceptance = ctl.confident = lambda row, source=0, z=None: forced[source]
     assert ctl.handover_width(2, [row, row], [1, 3], [8, 3], [2, 0], passes=3) == 4
     assert _ctl(free=False).handover_width(1, [row], [1], [8], [2], passes=1) == 8  # no draft cost measured yet
+
+
+def test_a_chain_hands_a_row_over_only_where_lookups_rest_pays():
+    """drafters.HybridDrafter's handover, priced (AutoK.handover_pays): after j of k model drafts, lookup's n
+    tokens take the row over only where the step then promises more tokens per second than drafting on.
+    Hand-forced: the model at 0.99, c(2, 4, 8) = 1.3, 1.5, 2.2 (COSTS), a pass 0.3; after 1 model draft of 8,
+    lookup offers 7. Drafting on: E(0.99, 8) = 8.65 tokens in 4.6; handed over at 0.2: 2.24 in 2.5 (no); at 0.8:
+    5.12 in 2.5 (yes)."""
+    ctl = _ctl(free=False, draft_pass=0.3, handover=True)
+    forced = {0: 0.99, 2: 0.2}
+    ctl.acceptance = lambda row, source=0: forced[source]
+    row = RowState()
+    assert not ctl.handover_pays(row, 2, 1, 7, 8)
+    forced[2] = 0.7  # 4.11 tokens in 2.5: still below drafting on
+    assert not ctl.handover_pays(row, 2, 1, 7, 8)
+    forced[2] = 0.8
+    assert ctl.handover_pays(row, 2, 1, 7, 8)
+    forced[2] = 0.99  # as good as the model, and free
+    assert ctl.handover_pays(row, 2, 1, 7, 8) and ctl.handover_pays(row, 2, 6, 2, 8)
+    forced[2], forced[0] = 0.5, 0.3  # a poor model: lookup's rest beats its passes
+    assert ctl.handover_pays(row, 2, 1, 3, 4)
+    forced[2], forced[0] = 0.2, 0.99
+    off = _ctl(free=False, draft_pass=0.3, handover=True, price_handover=False)
+    off.acceptance = ctl.acceptance
+    assert off.handover_pays(row, 2, 1, 7, 8)  # off: every match hands over (the rule before)
+    assert _ctl(free=False, handover=True).handover_pays(row, 2, 1, 7, 8)  # no pass measured yet: hand over

@@ -107,6 +107,19 @@ def test_the_model_hands_over_to_lookup_once_its_drafts_complete_a_match():
     assert eng.calls == 4 and p.draft[0].tolist() == [4, 5, 6, 7] and p.handover is None
 
 
+def test_the_model_hands_over_only_where_the_rule_says_it_pays():
+    """HybridDrafter.model_propose(pays=): a match that the rule (autok.AutoK.handover_pays) refuses leaves the row
+    to the model, which drafts on; the rule is asked with (row, model drafts so far, lookup's source, its tokens)."""
+    rows = [[4, 5, 6, 9, 1]]  # the model's "4 5" completes a 2-gram match after two passes (test above)
+    asked = []
+    for answer, calls, draft, handover in ((False, 4, [4, 5, 6, 7], None), (True, 2, [4, 5, 6, 9], (2, 2))):
+        eng = ChainEngine()
+        h = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(eng, "m"), min_match=2)
+        p = h.model_propose(inputs(rows, k=4), 4, [False], lambda b, j, s, n: asked.append((b, j, s, n)) or answer)
+        assert eng.calls == calls and p.draft[0].tolist() == draft and (p.handover or [None])[0] == handover
+    assert asked[0] == (0, 2, 2, 2) and asked[-1] == (0, 2, 2, 2)
+
+
 def test_a_row_ends_its_drafts_after_a_near_tie():
     """The margin stop (ModelDrafter.min_margin): a draft whose top logit leads the runner-up by less than
     min_margin is its row's last; the other rows go on, and the chain ends when every row has ended."""

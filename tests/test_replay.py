@@ -108,6 +108,10 @@ def test_the_hybrid_replays_the_models_handover_to_lookup():
     assert _tokens(on_steps) == _tokens(off_steps) == len(out) - 1 and on > off
     assert Replay(trace | {"drafter": {"min_match": 2, "shares_kv": False}}, "hybrid").run(
         trace["prompts"][0], 8)[1][0].passes == 8  # a draft with its own cache drafts all k
+    r = Replay(trace, "hybrid")  # the rule (AutoK.handover_pays) refuses: the model drafts on, as the drafter does
+    seq, md = trace["prompts"][0]["prompt"] + out[:1], model["1"]
+    assert r.chain(seq, md, None, 8, lambda j, s, n: False)[1:3] == (8, None)
+    assert r.chain(seq, md, None, 8, lambda j, s, n: True)[1:3] == (3, (3, 2))
 
 
 def test_the_replay_ends_a_models_chain_at_a_near_tie():

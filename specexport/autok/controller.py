@@ -58,6 +58,8 @@ class AutoK(Observations, LookupWidths, ModelPlan, Pricing, Estimates):
     handover: bool = False  # hybrid: the model's chain may hand a row over to lookup (drafters.HybridDrafter)
     price_ties: bool = True  # a k-token draft is priced at the passes its chain runs given the near-tie rate
     trim_handover: bool = True  # hybrid: a handover's lookup tokens are verified as far as they pay (handover_width)
+    price_handover: bool = True  # hybrid: a row is handed over only where lookup's rest pays more (handover_pays)
+    handover_estimate: str = "point"  # lookup's acceptance in handover_pays: "point", "confident" or "upper"
     tie_decay: float = 0.99  # per draft position checked: about the last 100
     split_ties: bool = True  # a chain's last draft at a near-tie has an acceptance of its own (model_tokens)
     costs: Costs = field(default_factory=Costs)

@@ -111,6 +111,25 @@ class LookupWidths:
                 break
         return best
 
+    def handover_pays(self, row: RowState, source: int, j: int, n: int, k: int, B: int = 1) -> bool:
+        """A hybrid chain after j of its k model drafts, where lookup offers the row's next n tokens (source
+        `source`; drafters.HybridDrafter's handover): does handing the row over promise more committed tokens per
+        second of the step than drafting on? Handed over: E(a, j) + a^j (E(a_s, n) - 1) tokens for j passes and
+        the verify that holds j + n; drafting on: the model's k-token chain for k passes and a width-k verify (a,
+        the model's point estimate; a_s, lookup's at `handover_estimate`). Without it every match of min_match
+        tokens took the row over: where the model's drafts were accepted 0.99 of the time and lookup's 0.1-0.6
+        (chat, code that is rewritten rather than copied), chains of 11 became steps of 2. Unmeasured costs, or
+        `price_handover` off: hand over (the rule before)."""
+        d, ck = self.draft_cost(1, B), self.verify_cost(k, B)
+        if not self.price_handover or d is None or ck is None:
+            return True
+        a = self.acceptance(row)
+        a_s = {"point": self.acceptance, "confident": self.confident, "upper": self.upper}[self.handover_estimate](
+            row, source)
+        width = min((kk for kk in self.ks if kk >= j + n), default=max(self.ks))
+        handed = expected_tokens(a, j) + a ** j * (expected_tokens(a_s, n) - 1.0)
+        return handed / (j * d + self.verify_cost(width, B)) >= self.model_tokens(a, k) / (k * d + ck)
+
     def lookup_row_beats_model(self, row: RowState, source: int, n: int, k: int) -> bool:
         """A hybrid step that drafts with the model anyway: does this row's lookup proposal (n tokens) promise
         more committed tokens than the model's k (the step costs the same either way)?"""

@@ -119,6 +119,7 @@ class Replay:
             else:
                 k, free = policy, use
             ran, prop, source, passes, ho, ties, cut = False, [], 0, k, None, (0, 0), None
+            pays = None if auto is None else (lambda j, s, n, k=k: auto.handover_pays(row, s, j, n, k))
             if k:
                 if free:
                     prop, source = ld[:k], src
@@ -128,7 +129,7 @@ class Replay:
                     if self.kind == "hybrid" and use:
                         prop, source = ld[:k], src
                     else:
-                        prop, passes, ho, ties = self.chain(ids + out[:i], md[:k], margins.get(str(i)), k)
+                        prop, passes, ho, ties = self.chain(ids + out[:i], md[:k], margins.get(str(i)), k, pays)
                         unused = ld if self.kind == "hybrid" and auto is not None and ld else None
                     ran = True
                 L = len(prop)
@@ -167,18 +168,18 @@ class Replay:
         base = float(np.sum(noise[0][1:len(out)])) if noise is not None else len(out) - 1
         return base / t, steps
 
-    def chain(self, seq: list[int], md: list[int], margin: list[float] | None, k: int
+    def chain(self, seq: list[int], md: list[int], margin: list[float] | None, k: int, pays=None
               ) -> tuple[list[int], int, tuple[int, int] | None, tuple[int, int]]:
         """The model's chain of passes as ModelDrafter runs it: after each pass but the last, a near-tie ends it
-        (the margin stop), else the hybrid's handover rule (drafters.hand_over) may -> (proposal, passes, (j, n) or
-        None, (near-ties, positions checked))."""
+        (the margin stop), else the hybrid's handover rule (drafters.hand_over, where pays(j, source, n) allows:
+        AutoK.handover_pays) may -> (proposal, passes, (j, n) or None, (near-ties, positions checked))."""
         check = margin is not None and self.min_margin > 0
         for j in range(1, k):
             if check and j <= len(margin) and near_tie(margin[j - 1], self.min_margin):
                 return md[:j], j, None, (1, j)
             if self.kind == "hybrid" and self.handover:
                 rest = hand_over(self.lookup, self.min_match, np.array(seq + md[:j], dtype=np.int64), k - j)
-                if rest is not None:
+                if rest is not None and (pays is None or pays(j, rest[1], len(rest[0]))):
                     return md[:j] + rest[0].tolist(), j, (j, rest[1]), (0, j if check else 0)
         return md, k, None, (0, k - 1 if check else 0)
 
