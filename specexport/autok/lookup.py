@@ -117,8 +117,8 @@ class LookupWidths:
         second of the step than drafting on? Handed over: E(a, j) + a^j (E(a_s, n) - 1) tokens for j passes and
         the verify that holds j + n; drafting on: the model's k-token chain for k passes and a width-k verify (a,
         the model's point estimate; a_s, lookup's at `handover_estimate`). Without it every match of min_match
-        tokens took the row over: where the model's drafts were accepted 0.99 of the time and lookup's 0.1-0.6
-        (chat, code that is rewritten rather than copied), chains of 11 became steps of 2. Unmeasured costs, or
+        tokens took the row over: where the model's drafts were accepted 0.99 of the time and lookup's mostly
+        rejected (chat, code that is rewritten rather than copied), chains of 11 became steps of 2 to 4. Unmeasured costs, or
         `price_handover` off: hand over (the rule before)."""
         d, ck = self.draft_cost(1, B), self.verify_cost(k, B)
         if not self.price_handover or d is None or ck is None:
