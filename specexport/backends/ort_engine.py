@@ -4,7 +4,7 @@
   that all of the model's sessions (one per step graph) share through SessionOptions.add_initializer: the
   weights are in memory once, however many graphs the model has.
 - MLAS pre-packing (`prepack`, default on where the C API loads; quantized layers, MatMulNBits, always
-  pre-pack: about 150x slower without) makes multi-token passes (verify over k+1, prefill chunks) cost little
+  pre-pack, an fp32 target's certified head included: about 150x slower without) makes multi-token passes (verify over k+1, prefill chunks) cost little
   more than a one-token pass. On the CPU, pre-packing sessions are made through ONNX Runtime's C API
   (ort_capi.py) with one pre-packed weights container per process, so every step graph of every engine reads
   one packed copy of each weight (the Python API has no container: there each session packed its own, one
@@ -110,10 +110,11 @@ class OrtEngine:
             self.providers = ["CPUExecutionProvider"]
         self.threads = threads
         # pre-packing CPU sessions share one packed copy per weight through the C API's container; where it
-        # loads, pre-packing is the default (prepack=None); quantized layers (MatMulNBits) always pre-pack (they
-        # run about 150x slower without)
+        # loads, pre-packing is the default (prepack=None); quantized layers (MatMulNBits: a quantized model, or
+        # an fp32 target's certified head) always pre-pack: they run about 150x slower without (the certified
+        # head's coarse MatMulNBits took 95 ms of a 134 ms SmolLM2 step unpacked, against 0.8 ms packed)
         shared_packs = device != "cuda" and os.environ.get("SPECEXPORT_ORT_CAPI", "1") != "0" and ort_capi.available()
-        self.prepack = bool(entry.get("quant") or entry.get("quant_layers")) \
+        self.prepack = bool(entry.get("quant") or entry.get("quant_layers") or entry.get("certified_head")) \
             or (shared_packs if prepack is None else prepack)
         self.capi = shared_packs and self.prepack
         if entry["kv_dtype"] == "bfloat16":
