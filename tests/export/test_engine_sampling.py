@@ -244,13 +244,16 @@ def _unpacked_one_row_agrees() -> bool:
 
 
 @pytest.mark.parametrize("graph_set", ["fused", "portable"])
-def test_an_unpacked_fp32_engine_is_exact_where_one_row_rounds_differently(engines, portable_engines, graph_set):
+def test_an_unpacked_fp32_engine_is_exact_where_one_row_rounds_differently(full_head_engines, portable_engines,
+                                                                          graph_set):
     """Without pre-packing MLAS runs a one-row fp32 GEMM through its own kernel (2e-5 apart from 2 and 9 rows on
     this stop's AVX2 CPU), so a 1-token target step could differ from the same position in a verify: the probe
     sees the unpacked linears (its answer equals an independent check), target-only steps then run a verify of
-    2 rows on either graph set, and greedy speculative output is target-only's, token for token."""
+    2 rows on either graph set, and greedy speculative output is target-only's, token for token. (Fused: a
+    full-head build; the certified head's MatMulNBits always pre-packs.)"""
     from specexport.backends.ort_engine import OrtEngine
-    dec = SpeculativeDecoder.load((engines if graph_set == "fused" else portable_engines)["llama"], prepack=False)
+    dec = SpeculativeDecoder.load((full_head_engines if graph_set == "fused" else portable_engines)["llama"],
+                                  prepack=False)
     t = dec.target
     assert isinstance(t, OrtEngine) and not t.prepack
     assert t.exact_rows == (1 if _unpacked_one_row_agrees() else 2)
@@ -267,10 +270,10 @@ def test_an_unpacked_fp32_engine_is_exact_where_one_row_rounds_differently(engin
     assert t.free_ks == ((1,) if t.exact_rows == 2 else ())
 
 
-def test_an_engine_without_k1_rides_drafts_in_its_wider_exact_step(engines):
+def test_an_engine_without_k1_rides_drafts_in_its_wider_exact_step(full_head_engines):
     """An unpacked engine built with k = 3 only, where one row rounds differently: its target-only step is the
     k = 3 verify, so k = 3 costs a target-only step (free_ks) and lookup's proposals ride in it; tokens equal."""
-    dec = SpeculativeDecoder.load(engines["lookup"], prepack=False)
+    dec = SpeculativeDecoder.load(full_head_engines["lookup"], prepack=False)
     t = dec.target
     if t.exact_rows == 1:
         pytest.skip("one unpacked fp32 row rounds as among more on this CPU")
