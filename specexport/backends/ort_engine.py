@@ -3,16 +3,16 @@
 - Weights: `weights.safetensors` is memory-mapped once (ort_memory.py) and every tensor becomes one OrtValue
   that all of the model's sessions (one per step graph) share through SessionOptions.add_initializer: the
   weights are in memory once, however many graphs the model has.
-- MLAS pre-packing (`prepack`, default on where the C API loads; quantized layers, MatMulNBits, always
-  pre-pack, an fp32 target's certified head included: about 150x slower without) makes multi-token passes
-  (verify over k+1, prefill chunks) cost little more than a one-token pass. On the CPU, pre-packing sessions
-  are made through ONNX Runtime's C API (ort_capi.py) with one pre-packed weights container per process, so
-  every step graph of every engine reads one packed copy of each weight (the Python API has no container: there each session packed its own, one
-  copy per graph). Once the sessions have packed, the mapped file's pages go back to the page cache, so a run
-  holds the packed copy and not the unpacked original as well. Without pre-packing (prepack=False, or the
-  Python API fallback SPECEXPORT_ORT_CAPI=0), every session reads the mapped weights as they are. The greedy
-  graphs' sessions open at load and the sampling graphs' at their first use (`preload=True`: all at load,
-  per-row variants included, as the servers load; False: each at first use).
+- MLAS pre-packing (`prepack`, default on where the C API loads; quantized layers, MatMulNBits, always pre-pack, an
+  fp32 target's certified head included: about 150x slower without) makes multi-token passes (verify over k+1,
+  prefill chunks) cost little more than a one-token pass. On the CPU, pre-packing sessions are made through ONNX
+  Runtime's C API (ort_capi.py) with one pre-packed weights container per process, so every step graph of every
+  engine reads one packed copy of each weight (the Python API has no container: there each session packed its own,
+  one copy per graph). Once the sessions have packed, the mapped file's pages go back to the page cache, so a run
+  holds the packed copy and not the unpacked original as well. Without pre-packing (prepack=False, or the Python API
+  fallback SPECEXPORT_ORT_CAPI=0), every session reads the mapped weights as they are. The greedy graphs' sessions
+  open at load and the sampling graphs' at their first use (`preload=True`: all at load, per-row variants included,
+  as the servers load; False: each at first use).
 - KV: one preallocated buffer per layer for keys and values, [max_batch, Hkv, S, D], over one anonymous
   memory map per engine (resident as positions are written); a call with batch B binds rows 0..B-1 as both
   the graph's cache input and its cache output, so ONNX Runtime writes the new keys and values in place
