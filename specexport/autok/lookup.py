@@ -118,13 +118,13 @@ class LookupWidths:
         the verify that holds j + n; drafting on: the model's k-token chain for k passes and a width-k verify (a,
         the model's point estimate; a_s, lookup's at `handover_estimate`). Without it every match of min_match
         tokens took the row over: where the model's drafts were accepted 0.99 of the time and lookup's mostly
-        rejected (chat, code that is rewritten rather than copied), chains of 11 became steps of 2 to 4. Unmeasured costs, or
-        `price_handover` off: hand over (the rule before)."""
+        rejected (chat, code that is rewritten rather than copied), chains of 11 became steps of 2 to 4.
+        Unmeasured costs, or `price_handover` off: hand over (the rule before)."""
         d, ck = self.draft_cost(1, B), self.verify_cost(k, B)
         if not self.price_handover or d is None or ck is None:
             return True
         a = self.acceptance(row)
-        a_s = {"point": self.acceptance, "confident": self.confident, "upper": self.upper}[self.handover_estimate](
+        a_s = (self.acceptance if self.handover_estimate == "point" else getattr(self, self.handover_estimate))(
             row, source)
         width = min((kk for kk in self.ks if kk >= j + n), default=max(self.ks))
         handed = expected_tokens(a, j) + a ** j * (expected_tokens(a_s, n) - 1.0)

@@ -100,16 +100,13 @@ def test_c_api_errors_name_the_problem(tmp_path):
         ort_capi.Value(np.zeros((4, 4), np.float32)[:, ::2], writeable=True)
 
 
-def test_prepacking_is_the_default_where_packs_are_shared(tiny, tmp_path, monkeypatch):
+def test_prepacking_is_the_default_where_packs_are_shared(engines, full_head_engines, monkeypatch):
     """Pre-packing (the fastest option) is on by default when the sessions can share their packed weights, and
     off by default on the Python API fallback (one packed copy per session); prepack= overrides either way. An
     engine with MatMulNBits, an fp32 target's certified head included, pre-packs whatever is asked: unpacked, the
     certified head's coarse kernel took 95 ms of a 134 ms SmolLM2 step."""
     from specexport import SpeculativeDecoder
-    from helpers import SHAPES
-    full, certified = (build(BuildConfig(target=tiny["llama"]["target"], ks=(3,), sampling=False, target_head=h,
-                                         out=str(tmp_path / h), **SHAPES), progress=False)["out"]
-                       for h in ("full", "certified"))
+    full, certified = full_head_engines["lookup"], engines["lookup"]  # the same build but for the head
     dec = SpeculativeDecoder.load(full)
     assert dec.target.prepack == dec.target.capi == ort_capi.available()
     off = SpeculativeDecoder.load(full, prepack=False)
