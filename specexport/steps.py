@@ -49,6 +49,13 @@ class _Step(nn.Module):
         self.vocab = model.cfg.vocab_size
         self.inplace, self.static = inplace, static
 
+    def _filter(self) -> bool | str | None:
+        """process_logits' filter: eager decides from the data; exports always run it, ONNX Runtime's graph set
+        with its sort sized at run time (verify._SizedFilter)."""
+        if not self.static:
+            return None
+        return "sized" if self.model.ops.startswith("fused") else True
+
     def _run(self, tokens, past_len, key_pos, kv, logits_index=None, argmax: bool = False):
         tokens = tokens.clamp(max=self.vocab - 1)  # ids past a smaller draft vocabulary: a stand-in token
         logits, keys, values = self.model.run(tokens, past_len, key_pos, kv[:self.n], kv[self.n:], logits_index,
@@ -114,7 +121,7 @@ class DraftStep(_Step):
             else:
                 tok = logits[:, 0].argmax(-1)  # [B]
             if self.sampling:
-                q = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)[:, 0]
+                q = process_logits(logits, temperature, top_k, top_p, filter=self._filter())[:, 0]
                 tok = torch.where(greedy, tok, sample_from(q, u[:, i]))
                 qs.append(q)
             drafts.append(tok)
@@ -160,7 +167,7 @@ class VerifyStep(_Step):
         q = rest[5] if k > 0 else None
         kv = rest[6:] if k > 0 else rest[5:]
         logits, kv = self._run(tokens, past_len, key_pos, kv)  # [B, k+1, V]
-        p = process_logits(logits, temperature, top_k, top_p, filter=True if self.static else None)  # [B, k+1, V]
+        p = process_logits(logits, temperature, top_k, top_p, filter=self._filter())  # [B, k+1, V]
         if k == 0:  # target-only
             nxt = torch.where(greedy, logits[:, 0].argmax(-1), sample_from(p[:, 0], u[:, 0]))
             return (torch.zeros_like(nxt), nxt, nxt[:, None], *kv)

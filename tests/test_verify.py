@@ -107,6 +107,44 @@ def test_top_p_one_keeps_the_whole_tail_when_the_filter_runs():
     assert bool((process_logits(logits, t, k, p, filter=True) > 0).all())
 
 
+def _sized_filter_session(V: int):
+    """ONNX Runtime over process_logits(filter="sized") as exported (x [B, T, V], top_k [B], top_p [B])."""
+    import io
+
+    import onnxruntime as ort
+
+    class Probs(torch.nn.Module):
+        def forward(self, x, top_k, top_p):
+            return process_logits(x, torch.ones(top_k.shape), top_k, top_p, filter="sized")
+    f = io.BytesIO()
+    torch.onnx.export(Probs(), (torch.randn(2, 3, V), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])), f,
+                      dynamo=False, opset_version=18, input_names=["x", "top_k", "top_p"], output_names=["p"],
+                      dynamic_axes={"x": {0: "B", 1: "T"}, "top_k": {0: "B"}, "top_p": {0: "B"}})
+    return ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"]), f.getvalue()
+
+
+@pytest.mark.parametrize("top_k,top_p", [([0, 0], [1.0, 1.0]), ([3, 0], [1.0, 1.0]), ([0, 50], [1.0, 1.0]),
+                                         ([0, 0], [0.6, 1.0]), ([4, 0], [1.0, 0.8]), ([2, 7], [0.9, 0.3]),
+                                         ([60, 0], [1.0, 1.0])])
+def test_the_sized_filter_keeps_what_the_full_sort_keeps(top_k, top_p):
+    """ONNX Runtime's graphs sort only as many logits as the batch's top-k / top-p need (K = 1 with neither):
+    per row, the same tokens survive as with the full sort, ties at a threshold included, and the same
+    probabilities."""
+    import onnx
+    V = 50
+    sess, proto = _sized_filter_session(V)
+    nodes = onnx.load_from_string(proto).graph.node
+    (topk,) = [n for n in nodes if n.op_type == "TopK"]
+    assert [n.op_type for n in nodes if topk.input[1] in n.output] == ["Where"]  # K: computed, not V
+    torch.manual_seed(3)
+    x = (torch.randn(2, 3, V) * 3).round(decimals=1)  # rounded: ties, some at the thresholds
+    tk, tp = torch.tensor(top_k), torch.tensor(top_p)
+    ref = process_logits(x, torch.ones(2), tk, tp, filter=True)
+    got = torch.from_numpy(sess.run(None, {"x": x.numpy(), "top_k": tk.numpy(), "top_p": tp.numpy()})[0])
+    assert torch.equal(got > 0, ref > 0)
+    torch.testing.assert_close(got, ref)
+
+
 def test_per_position_acceptance_from_the_histograms():
     from specexport.request import GenerationStats
     # 4 steps at k=3: accepted 0, 1, 3, 2 of proposals 3, 3, 3, 2 (a ragged prompt-lookup draft)

@@ -24,8 +24,10 @@ def engine(engine_dir):
     return SpeculativeDecoder.load(engine_dir, backend="onnxruntime")  # the hybrid: lookup where it matches
 
 
-@pytest.mark.parametrize("sp", [CASES[0], CASES[3]], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+@pytest.mark.parametrize("sp", [CASES[0], CASES[1], CASES[3]], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
 def test_onnxruntime_samples_have_the_target_distribution(small, engine, sp):  # noqa: F811
+    """The graphs' filter sorts no logit (CASES[0]), the top-k largest (CASES[1]) or all (CASES[3]):
+    verify._SizedFilter."""
     assert engine.drafter.name.startswith("prompt-lookup+")
     samples = sample(engine, sp, N)
     assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
