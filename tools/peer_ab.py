@@ -89,6 +89,9 @@ def main() -> None:
                     help="also ORT GenAI with its n-gram speculation (N draft tokens): ours against its best mode")
     ap.add_argument("--plain", action="store_true", help="also our target-only through the plain one-token graph")
     ap.add_argument("--each", action="store_true", help="print every run: prompt, its tokens, each mode's tok/s")
+    ap.add_argument("--between", metavar="ENGINE", nargs="+", default=[],
+                    help="engines loaded beside both and run (target-only, 32 tokens) before every measured run, as "
+                         "the whole bench's other systems run between each system's prompts")
     a = ap.parse_args()
     gguf = default_model_path()
     prof = os.path.abspath(a.profile) if a.profile else None
@@ -124,6 +127,11 @@ def main() -> None:
         finally:
             ours.target.fused = True
     ids0 = chat_ids(tok, prompts[0]["prompt"])
+    others = [SpeculativeDecoder.load(e, threads=2, max_batch=1, prepack=True) for e in a.between]
+
+    def between():
+        for o in others:
+            o.generate(ids0, max_new_tokens=32, speculative=False)
     ours.generate(ids0, max_new_tokens=16, speculative=False)
     for peer in peer_modes.values():
         peer.generate(ids0, 16)
@@ -136,6 +144,7 @@ def main() -> None:
             for who in (("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")):
                 if who == "theirs":
                     for m, peer in peer_modes.items():
+                        between()
                         out, dec_s, _ = peer.generate(ids, a.max_new_tokens)
                         rates[m].append((len(out) - 1) / dec_s if len(out) > 1 else 0.0)
                         each[m] = f"{rates[m][-1]:.1f} ({len(out)})"
@@ -143,6 +152,7 @@ def main() -> None:
                             toks = out
                     continue
                 for m, kw in modes.items():
+                    between()
                     ours.target.verify = plain_verify if m.endswith("plain") else exact_verify
                     o = ours.generate(ids, max_new_tokens=a.max_new_tokens, **kw)[0]
                     rates[m].append(o.stats.decode_rate)
