@@ -107,11 +107,9 @@ def test_top_p_one_keeps_the_whole_tail_when_the_filter_runs():
     assert bool((process_logits(logits, t, k, p, filter=True) > 0).all())
 
 
-def _sized_filter_session(V: int):
-    """ONNX Runtime over process_logits(filter="sized") as exported (x [B, T, V], top_k [B], top_p [B])."""
+def _sized_filter_graph(V: int) -> bytes:
+    """process_logits(filter="sized") as exported (x [B, T, V], top_k [B], top_p [B] -> probs)."""
     import io
-
-    import onnxruntime as ort
 
     class Probs(torch.nn.Module):
         def forward(self, x, top_k, top_p):
@@ -120,22 +118,29 @@ def _sized_filter_session(V: int):
     torch.onnx.export(Probs(), (torch.randn(2, 3, V), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])), f,
                       dynamo=False, opset_version=18, input_names=["x", "top_k", "top_p"], output_names=["p"],
                       dynamic_axes={"x": {0: "B", 1: "T"}, "top_k": {0: "B"}, "top_p": {0: "B"}})
-    return ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"]), f.getvalue()
+    return f.getvalue()
 
 
+@pytest.mark.parametrize("nucleus", [8, 1024])  # the first sort's size for top-p: all 50 here, or 8 (then some
 @pytest.mark.parametrize("top_k,top_p", [([0, 0], [1.0, 1.0]), ([3, 0], [1.0, 1.0]), ([0, 50], [1.0, 1.0]),
                                          ([0, 0], [0.6, 1.0]), ([4, 0], [1.0, 0.8]), ([2, 7], [0.9, 0.3]),
-                                         ([60, 0], [1.0, 1.0])])
-def test_the_sized_filter_keeps_what_the_full_sort_keeps(top_k, top_p):
+                                         ([60, 0], [1.0, 1.0]), ([0, 0], [0.99, 0.2]), ([12, 0], [0.97, 1.0])])
+def test_the_sized_filter_keeps_what_the_full_sort_keeps(monkeypatch, top_k, top_p, nucleus):  # rows sort all)
     """ONNX Runtime's graphs sort only as many logits as the batch's top-k / top-p need (K = 1 with neither):
     per row, the same tokens survive as with the full sort, ties at a threshold included, and the same
     probabilities."""
     import onnx
+    import onnxruntime as ort
+
+    from specexport import verify
+    monkeypatch.setattr(verify, "NUCLEUS", nucleus)
     V = 50
-    sess, proto = _sized_filter_session(V)
+    proto = _sized_filter_graph(V)
     nodes = onnx.load_from_string(proto).graph.node
-    (topk,) = [n for n in nodes if n.op_type == "TopK"]
-    assert [n.op_type for n in nodes if topk.input[1] in n.output] == ["Where"]  # K: computed, not V
+    topk = [n for n in nodes if n.op_type == "TopK"]
+    assert len(topk) == 2 and all([m.op_type for m in nodes if t.input[1] in m.output] in (["Max"], ["Where"])
+                                  for t in topk)  # K: computed from the batch's settings, not V
+    sess = ort.InferenceSession(proto, providers=["CPUExecutionProvider"])
     torch.manual_seed(3)
     x = (torch.randn(2, 3, V) * 3).round(decimals=1)  # rounded: ties, some at the thresholds
     tk, tp = torch.tensor(top_k), torch.tensor(top_p)

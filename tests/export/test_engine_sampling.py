@@ -48,6 +48,26 @@ def test_onnxruntime_target_only_sampling(small, engine):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
+def narrow_nucleus_engine(small, tmp_path_factory):  # noqa: F811
+    """The engine built with the top-p filter's first sort at 2 logits: a nucleus wider than that takes the
+    full sort (verify._SizedFilter), as a high-entropy position of a 49k vocabulary does past NUCLEUS."""
+    from specexport import verify
+    out = tmp_path_factory.mktemp("sampling") / "narrow"
+    old, verify.NUCLEUS = verify.NUCLEUS, 2
+    try:
+        build(BuildConfig(target=small["target"], draft=small["draft"], out=str(out), **ENGINE_SHAPES), progress=False)
+    finally:
+        verify.NUCLEUS = old
+    return SpeculativeDecoder.load(str(out), backend="onnxruntime")
+
+
+@pytest.mark.parametrize("sp", [CASES[2], CASES[3]], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+def test_top_p_past_the_first_sort_has_the_target_distribution(small, narrow_nucleus_engine, sp):  # noqa: F811
+    samples = sample(narrow_nucleus_engine, sp, N)
+    assert chi2_pvalue(samples, exact_distribution(small["hf"], sp)) > 1e-3
+
+
+@pytest.fixture(scope="module")
 def quant_engine(small, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("sampling") / "quant"
     build(BuildConfig(target=small["target"], draft="quant:int4:b16", out=str(out), **ENGINE_SHAPES), progress=False)
