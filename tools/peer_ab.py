@@ -17,6 +17,11 @@ its better mode over all the prompts, as `specexport bench --peers` scores "the 
 kernel rounds differently from every verify's) in place of the exact step (`verify_k0_exact`, the current token's
 attention on two rows): the exact step's price, with how often its tokens stay ours.
 
+--temperature T [--top-p P] samples instead of greedy: ours with a seed per run (every sampling graph opened at
+load), theirs with its own sampler (top_k at the vocabulary size, as our top_k 0); token agreement is then chance.
+
+    python tools/peer_ab.py ENGINE --precision fp32 --prompts-n 8 --auto --temperature 0.7 --top-p 0.9
+
 --profile DIR writes ONNX Runtime's per-node profiles of both (ours: one file per session; theirs: og_*.json)
 and prints the decode steps' kernel time per op type (the profiler's own overhead is in both).
 Needs the [peers] extra (`bash tools/install_peers.sh`, or `pip install -e .[peers]` for ORT GenAI alone).
@@ -39,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specexport.bench.peers import OrtGenAIPeer, chat_ids, hf_tokenizer, prepare_ortgenai_models  # noqa: E402
 from specexport.models.loading import default_model_path  # noqa: E402
+from specexport.config import SamplingParams  # noqa: E402
 from specexport.runtime import SpeculativeDecoder  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
@@ -92,7 +98,10 @@ def main() -> None:
     ap.add_argument("--between", metavar="ENGINE", nargs="+", default=[],
                     help="engines loaded beside both and run (target-only, 32 tokens) before every measured run, as "
                          "the whole bench's other systems run between each system's prompts")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     a = ap.parse_args()
+    sample = (a.temperature, a.top_p) if a.temperature > 0 else None
     gguf = default_model_path()
     prof = os.path.abspath(a.profile) if a.profile else None
     if prof:
@@ -106,12 +115,14 @@ def main() -> None:
             so.enable_profiling, so.profile_file_prefix = True, f"{prof}/se"
             return so
         ort_engine.OrtEngine._session_options = profiled
-    ours = SpeculativeDecoder.load(a.engine, threads=2, max_batch=1, prepack=True)
+    ours = SpeculativeDecoder.load(a.engine, threads=2, max_batch=1, prepack=True, preload=True if sample else None)
     if a.rows:
         ours.target._exact_rows = a.rows
     model_dir = prepare_ortgenai_models(gguf, precisions=(a.precision,))[a.precision]
-    theirs = OrtGenAIPeer(model_dir, threads=2, session_options={"enable_profiling": f"{prof}/og"} if prof else None)
-    peer_modes = {"theirs": theirs} | ({f"theirs, n-gram {a.ngram}": OrtGenAIPeer(model_dir, ngram=a.ngram, threads=2)}
+    theirs = OrtGenAIPeer(model_dir, threads=2, session_options={"enable_profiling": f"{prof}/og"} if prof else None,
+                          sample=sample)
+    peer_modes = {"theirs": theirs} | ({f"theirs, n-gram {a.ngram}": OrtGenAIPeer(model_dir, ngram=a.ngram, threads=2,
+                                                                                   sample=sample)}
                                        if a.ngram else {})
     tok = hf_tokenizer(gguf)
     prompts = [json.loads(line) for line in open(a.prompts)]
@@ -126,13 +137,16 @@ def main() -> None:
             return exact_verify(tokens, draft_len, past_len, kv_len, k, *rest)
         finally:
             ours.target.fused = True
+    def sampling(seed: int) -> SamplingParams | None:
+        return SamplingParams(a.temperature, 0, a.top_p, seed=seed) if sample else None
     ids0 = chat_ids(tok, prompts[0]["prompt"])
     others = [SpeculativeDecoder.load(e, threads=2, max_batch=1, prepack=True) for e in a.between]
 
     def between():
         for o in others:
             o.generate(ids0, max_new_tokens=32, speculative=False)
-    ours.generate(ids0, max_new_tokens=16, speculative=False)
+    for kw in modes.values():
+        ours.generate(ids0, max_new_tokens=16, sampling=sampling(0), **kw)
     for peer in peer_modes.values():
         peer.generate(ids0, 16)
     rates: dict[str, list[float]] = {m: [] for m in modes} | {m: [] for m in peer_modes}
@@ -154,7 +168,8 @@ def main() -> None:
                 for m, kw in modes.items():
                     between()
                     ours.target.verify = plain_verify if m.endswith("plain") else exact_verify
-                    o = ours.generate(ids, max_new_tokens=a.max_new_tokens, **kw)[0]
+                    o = ours.generate(ids, max_new_tokens=a.max_new_tokens, sampling=sampling(1 + rep * len(prompts) + i),
+                                      **kw)[0]
                     rates[m].append(o.stats.decode_rate)
                     each[m] = f"{rates[m][-1]:.1f} ({len(o.token_ids)})"
                     if m == "target-only":

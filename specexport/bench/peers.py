@@ -134,7 +134,7 @@ class LlamaCppPeer:
         return bool(self._llama_cpp.llama_vocab_is_eog(self._vocab, tok))
 
     def generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], float, float]:
-        """Greedy: -> (new token ids, decode seconds for tokens 2..n, prefill seconds incl. token 1).
+        """-> (new token ids, decode seconds for tokens 2..n, prefill seconds incl. token 1).
 
         Timed with a clock around llama-cpp-python's token generator: prefill = from the call to the first
         yielded token (the prompt eval + the greedy pick), decode = from there to the last yielded token. The
@@ -262,7 +262,8 @@ def prepare_ortgenai_models(gguf_path: str, out_dir: str | None = None, precisio
 
 
 class OrtGenAIPeer:
-    """ONNX Runtime GenAI (in this process, on the CPU EP), greedy.
+    """ONNX Runtime GenAI (in this process, on the CPU EP), greedy, or sampling with `sample` = (temperature,
+    top_p): its own sampler, with top_k at the vocabulary size (no top-k, as specexport's top_k 0).
 
     ngram > 0 turns on its built-in n-gram (prompt lookup) speculation:
     GeneratorParams.set_speculative_options(ngram_size=ngram_size, max_draft_tokens=ngram), where ngram_size is
@@ -272,7 +273,7 @@ class OrtGenAIPeer:
     name = "ort-genai"
 
     def __init__(self, model_dir: str, ngram: int = 0, ngram_size: int = 2, threads: int | None = None,
-                 session_options: dict | None = None):
+                 session_options: dict | None = None, sample: tuple[float, float] | None = None):
         import onnxruntime_genai as og
         self.og = og
         cfg = og.Config(str(model_dir))
@@ -282,22 +283,28 @@ class OrtGenAIPeer:
         if so:
             cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}}))
         self.model = og.Model(cfg)
-        self.ngram, self.ngram_size = ngram, ngram_size
+        self.ngram, self.ngram_size, self.sample = ngram, ngram_size, sample
         gc = json.loads((Path(model_dir) / "genai_config.json").read_text())
+        self.vocab = int(gc["model"]["vocab_size"])
         eos = gc["model"].get("eos_token_id", [])
         self.eos = set(eos if isinstance(eos, list) else [eos])
         self.context_length = int(gc["model"].get("context_length", 2048))
 
     def _params(self, max_length: int):
         p = self.og.GeneratorParams(self.model)
-        p.set_search_options(max_length=max_length, do_sample=False, top_k=1, num_beams=1,
-                             repetition_penalty=1.0)
+        if self.sample:
+            temperature, top_p = self.sample
+            p.set_search_options(max_length=max_length, do_sample=True, temperature=temperature, top_p=top_p,
+                                 top_k=self.vocab, num_beams=1, repetition_penalty=1.0)
+        else:
+            p.set_search_options(max_length=max_length, do_sample=False, top_k=1, num_beams=1,
+                                 repetition_penalty=1.0)
         if self.ngram > 0:
             p.set_speculative_options(ngram_size=self.ngram_size, max_draft_tokens=self.ngram)
         return p
 
     def generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], float, float]:
-        """Greedy: -> (new token ids, decode seconds for tokens 2..n, prefill seconds incl. token 1).
+        """-> (new token ids, decode seconds for tokens 2..n, prefill seconds incl. token 1).
 
         prefill = append_tokens(prompt) + the first generate_next_token (which picks token 1 from the prompt
         logits), timed on its own; decode = every later generate_next_token. New tokens are read back from
