@@ -55,7 +55,7 @@ def process_logits(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarra
         x = np.where(x < kth, -np.inf, x).astype(np.float32)
         sorted_x = np.where(sorted_x < kth, -np.inf, sorted_x).astype(np.float32)
         sorted_p = _softmax(sorted_x)
-        mass_before = _cumsum(sorted_p) - sorted_p  # [B, V]
+        mass_before = np.pad(_cumsum(sorted_p)[:, :-1], ((0, 0), (1, 0)))  # [B, V]: the running sum before each
         keep = ((mass_before < top_p.astype(np.float32)[:, None]) | (top_p >= 1.0)[:, None]
                 | (np.arange(V) == 0)[None])
         n_keep = keep.sum(-1)  # [B]

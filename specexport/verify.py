@@ -54,7 +54,8 @@ def _filter(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
     # top-p: keep the smallest head of the sorted distribution whose mass reaches top_p
     sorted_p = (sorted_x - x.logsumexp(-1, keepdim=True)).exp()  # softmax, normalised over all V as in the graphs
-    mass_before = sorted_p.cumsum(-1) - sorted_p  # [B, T, V]
+    # the mass before each: the running sum itself (exclusive), not cumsum - p, which can round an ulp lower
+    mass_before = torch.nn.functional.pad(sorted_p.cumsum(-1)[..., :-1], (1, 0))  # [B, T, V]
     # top_p == 1 keeps all (the float cumsum can reach 1.0 before the tail); the first token always stays
     keep_sorted = ((mass_before < top_p[:, None, None]) | (top_p >= 1.0)[:, None, None]
                    | (torch.arange(V, device=x.device) == 0))
@@ -77,7 +78,8 @@ class _SizedFilter(torch.autograd.Function):
     below its top_p), a second TopK sorts all V and that row's threshold comes from it; else that TopK sorts 1.
     Each threshold is `_filter`'s: a row without top-k (or top-p) gets -inf, which keeps every logit as
     `_filter`'s threshold at the smallest logit does, and a nucleus that ends within the first K logits has the
-    same cumulative masses there as over all V (the same values, in the same order, over one normaliser)."""
+    same masses before each there as over all V (the same values, in the same order, over one normaliser; each the
+    running sum itself, so "the nucleus ends within K" is exactly "the running sum past the K-th reaches top_p")."""
 
     @staticmethod
     def forward(ctx, x, top_k, top_p):
@@ -107,12 +109,13 @@ class _SizedFilter(torch.autograd.Function):
 
         def nucleus(sorted_x, K):  # -> the smallest kept logit [B, T, 1], the mass of the K sorted [B, T, 1]
             p = g.op("Exp", g.op("Sub", sorted_x, lse))
-            mass = g.op("CumSum", p, const(-1))
+            before = g.op("CumSum", p, const(-1), exclusive_i=1)  # the running sum before each
             first = g.op("Equal", g.op("Range", const(0), g.op("Squeeze", K, const([0])), const(1)), const(0))
-            keep = g.op("Or", g.op("Or", g.op("Less", g.op("Sub", mass, p), tp), g.op("GreaterOrEqual", tp, one_f)),
-                        first)
+            keep = g.op("Or", g.op("Or", g.op("Less", before, tp), g.op("GreaterOrEqual", tp, one_f)), first)
             n_keep = g.op("ReduceSum", g.op("Cast", keep, to_i=7), last, keepdims_i=1)  # [B, T, 1] (int64)
-            end = g.op("Slice", mass, last, const([V + 1]), last)
+            # the running sum past the K-th: what a full sort's next `before` is, the same addition
+            at_end = lambda v: g.op("Slice", v, last, const([V + 1]), last)  # noqa: E731  [B, T, 1]: the K-th
+            end = g.op("Add", at_end(before), at_end(p))
             return g.op("GatherElements", sorted_x, g.op("Sub", n_keep, one), axis_i=-1), end
 
         threshold1, mass1 = nucleus(cut(sorted1), K1)

@@ -107,13 +107,13 @@ def test_top_p_one_keeps_the_whole_tail_when_the_filter_runs():
     assert bool((process_logits(logits, t, k, p, filter=True) > 0).all())
 
 
-def _sized_filter_graph(V: int) -> bytes:
-    """process_logits(filter="sized") as exported (x [B, T, V], top_k [B], top_p [B] -> probs)."""
+def _sized_filter_graph(V: int, filter="sized") -> bytes:
+    """process_logits(filter=...) as exported (x [B, T, V], top_k [B], top_p [B] -> probs)."""
     import io
 
     class Probs(torch.nn.Module):
         def forward(self, x, top_k, top_p):
-            return process_logits(x, torch.ones(top_k.shape), top_k, top_p, filter="sized")
+            return process_logits(x, torch.ones(top_k.shape), top_k, top_p, filter=filter)
     f = io.BytesIO()
     torch.onnx.export(Probs(), (torch.randn(2, 3, V), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])), f,
                       dynamo=False, opset_version=18, input_names=["x", "top_k", "top_p"], output_names=["p"],
@@ -148,6 +148,30 @@ def test_the_sized_filter_keeps_what_the_full_sort_keeps(monkeypatch, top_k, top
     got = torch.from_numpy(sess.run(None, {"x": x.numpy(), "top_k": tk.numpy(), "top_p": tp.numpy()})[0])
     assert torch.equal(got > 0, ref > 0)
     torch.testing.assert_close(got, ref)
+
+
+def test_the_sized_filter_ends_a_nucleus_where_the_full_sort_does(monkeypatch):
+    """top_p within a few ulps of the first token's mass (an independent review's case: before the mass before a
+    token was the running sum itself, 492 of 2,000 such draws kept a token fewer than the full sort): the first
+    sort at 1 logit against ONNX Runtime's full-sort graph, the same tokens kept."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from specexport import verify
+    full = ort.InferenceSession(_sized_filter_graph(3, filter=True), providers=["CPUExecutionProvider"])
+    monkeypatch.setattr(verify, "NUCLEUS", 1)
+    sized = ort.InferenceSession(_sized_filter_graph(3), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        p = np.array([0.4, 0.35, 0.25]) + rng.uniform(-0.02, 0.02, 3)
+        x = np.log(p / p.sum()).astype(np.float32)[None, None]  # [1, 1, 3]
+        tp = np.float32(np.exp(x[0, 0, 0] - np.log(np.exp(x[0, 0].astype(np.float64)).sum())))
+        for _ in range(3):
+            tp = np.nextafter(tp, np.float32(0))
+        for _ in range(7):  # 3 ulps below the first token's mass to 3 above
+            feed = {"x": x, "top_k": np.array([0]), "top_p": np.array([tp], np.float32)}
+            assert np.array_equal(sized.run(None, feed)[0] > 0, full.run(None, feed)[0] > 0)
+            tp = np.nextafter(tp, np.float32(1))
 
 
 def test_per_position_acceptance_from_the_histograms():
