@@ -168,8 +168,8 @@ def main() -> None:
                 for m, kw in modes.items():
                     between()
                     ours.target.verify = plain_verify if m.endswith("plain") else exact_verify
-                    o = ours.generate(ids, max_new_tokens=a.max_new_tokens, sampling=sampling(1 + rep * len(prompts) + i),
-                                      **kw)[0]
+                    seed = 1 + rep * len(prompts) + i
+                    o = ours.generate(ids, max_new_tokens=a.max_new_tokens, sampling=sampling(seed), **kw)[0]
                     rates[m].append(o.stats.decode_rate)
                     each[m] = f"{rates[m][-1]:.1f} ({len(o.token_ids)})"
                     if m == "target-only":
