@@ -35,6 +35,7 @@ from torch import nn
 # the graphs' names and io contracts live in graphs.py (torch-free); re-exported for export/
 from .graphs import SAMPLING_INPUTS, graph_list, graph_name, io_names, kv_names, tokens_per_pass  # noqa: F401
 from .models import StaticKVDecoder
+from .models.rescore import RescoredHead
 from .verify import process_logits, sample_from, verify_greedy, verify_greedy_tokens, verify_sampling
 
 
@@ -56,7 +57,13 @@ class _Step(nn.Module):
             return None
         return "sized" if self.model.ops.startswith("fused") else True
 
+    def _head_mode(self) -> None:
+        """A rescored draft head rescores more candidates in a sampling step's passes (models/rescore.py)."""
+        if isinstance(self.model.lm_head, RescoredHead):
+            self.model.lm_head.sampling = bool(getattr(self, "sampling", False))
+
     def _run(self, tokens, past_len, key_pos, kv, logits_index=None, argmax: bool = False):
+        self._head_mode()
         tokens = tokens.clamp(max=self.vocab - 1)  # ids past a smaller draft vocabulary: a stand-in token
         logits, keys, values = self.model.run(tokens, past_len, key_pos, kv[:self.n], kv[self.n:], logits_index,
                                               self.inplace, argmax)
@@ -87,6 +94,7 @@ class DraftStep(_Step):
         return logits
 
     def forward(self, last_two, past_len, key_pos, *rest):
+        self._head_mode()  # (the portable passes below run the model directly)
         # last_two [B, W] at positions past_len-W+1 .. past_len (W = 2; a draft_pass graph also takes W = 1);
         # sampling: temperature, top_k, top_p, greedy [B], u [B, k]
         if self.sampling:

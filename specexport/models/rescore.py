@@ -12,7 +12,9 @@ target's own float head (`exact`: the target's tensor, shared, never copied) ove
 `scale` [D] undoes the smoothing folded into the copy's final norm (models/smooth.py: x = x_target / s), so the
 rescored logits are the target head's over the copy's hidden state. The other V - n logits stay coarse: a greedy
 draft picks among the candidates unless the coarse head ranks the right token below n; a sampling draft's q is
-the distribution of these logits, whatever they are (lossless either way: the verify decides).
+the distribution of these logits, whatever they are (lossless either way: the verify decides). A sampling pass
+rescores SAMPLING_TOP = 256, so less of q's mass sits on coarse logits: at T = 0.7 a coarse tail cost acceptance
+(README "Sampling graphs").
 
 Measured on SmolLM2's smoothed int8:b128 copy (teacher-forced top-1 agreement with the fp32 target, held-out
 replay prompts, MatMulNBits' int8 input rounding emulated; README "Quantized-copy drafts"): with its own 8-bit head
@@ -31,6 +33,7 @@ from .quant import QuantLinear
 
 BLOCK = 128  # the coarse head's quantization block (asymmetric)
 TOP = 16  # candidates rescored exactly
+SAMPLING_TOP = 256  # ... in a sampling pass, whose q is the whole distribution, not only its argmax
 COARSE = "lm_head.coarse"  # the coarse head's name in a manifest's quant_layers: the mark of a rescored head
 
 
@@ -41,6 +44,7 @@ class RescoredHead(nn.Module):
         super().__init__()
         assert exact.shape == (coarse.out_features, coarse.in_features) and scale.shape == (coarse.in_features,)
         self.coarse, self.n = coarse, min(n, exact.shape[0])
+        self.sampling = False  # set per step (steps._Step._run): a sampling pass rescores SAMPLING_TOP
         self.register_buffer("exact", exact)
         self.register_buffer("scale", scale.detach().float().contiguous())
         self.out_features, self.in_features = exact.shape
@@ -53,7 +57,8 @@ class RescoredHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., V]
         logits = self.coarse(x).float()
-        top = logits.topk(self.n, -1).indices  # [..., n]
+        n = min(SAMPLING_TOP, self.out_features) if self.sampling else self.n
+        top = logits.topk(n, -1).indices  # [..., n]
         rows = self.exact[top]  # [..., n, D]: n rows gathered
         exact = (rows * (x.float() * self.scale).unsqueeze(-2)).sum(-1)  # [..., n]
         return logits.scatter(-1, top, exact)

@@ -12,7 +12,7 @@ from specexport.draft_models import quantized_copy
 from specexport.models import KVCache, load_model
 from specexport.models.layer_spec import LayerSpec
 from specexport.models.quant import QuantLinear
-from specexport.models.rescore import TOP, RescoredHead, head_scale
+from specexport.models.rescore import SAMPLING_TOP, TOP, RescoredHead, head_scale
 
 
 def _hidden_and_logits(model, ids):
@@ -76,6 +76,34 @@ def test_the_copy_rescores_with_the_targets_own_head(tmp_path, tied):
     # the scale undoes the smoothing folded into the copy's final norm
     torch.testing.assert_close(head.scale, head_scale(target.model.model.norm.weight, draft.model.model.norm.weight))
     assert not torch.allclose(head.scale, torch.ones_like(head.scale))
+
+
+def test_a_sampling_step_rescores_more_candidates(tmp_path):
+    """A sampling draft's q is its whole distribution, so a sampling step's passes rescore SAMPLING_TOP candidates
+    and a greedy step's TOP: the head at each width, and the step modules setting it."""
+    from specexport.steps import make_step
+    g = torch.Generator().manual_seed(1)
+    V, D = 600, 32
+    exact, scale = torch.randn(V, D, generator=g), torch.rand(D, generator=g) + 0.5
+    head = RescoredHead(nn.Linear(D, V, bias=False), exact, scale)
+    x = torch.randn(2, D, generator=g)
+    want, coarse = (x * scale) @ exact.t(), head.coarse(x)
+    for sampling, n in ((False, TOP), (True, SAMPLING_TOP)):
+        head.sampling = sampling
+        got = head(x)
+        top = coarse.topk(n, -1).indices
+        torch.testing.assert_close(got.gather(-1, top), want.gather(-1, top))
+        assert int((got != coarse).sum(-1).max()) <= n  # the rest stay coarse
+    make_tiny(tmp_path / "m", "llama", logit_scale=4.0)
+    draft = quantized_copy(load_model(tmp_path / "m", max_positions=64), QuantSpec.parse("quant:int8")).model
+    for sampling in (True, False):
+        step = make_step(draft, "draft_pass", 1, sampling, draft.cfg.vocab_size)
+        rest = (torch.ones(1), torch.zeros(1, dtype=torch.long), torch.ones(1), torch.zeros(1, dtype=torch.bool),
+                torch.full((1, 1), 0.5)) if sampling else ()
+        kv = KVCache.allocate(draft.cfg, 1, 64, torch.float32)
+        with torch.inference_mode():
+            step(torch.tensor([[5]]), torch.zeros(1, dtype=torch.long), torch.arange(8), *rest, *kv.keys, *kv.values)
+        assert draft.lm_head.sampling is sampling
 
 
 def test_head0_and_a_target_without_a_float_head_keep_the_plain_head(tmp_path):
