@@ -44,7 +44,7 @@ class RescoredHead(nn.Module):
         super().__init__()
         assert exact.shape == (coarse.out_features, coarse.in_features) and scale.shape == (coarse.in_features,)
         self.coarse, self.n = coarse, min(n, exact.shape[0])
-        self.sampling = False  # set per step (steps._Step._run): a sampling pass rescores SAMPLING_TOP
+        self.sampling = False  # set by each step (steps._Step._head_mode): a sampling pass rescores SAMPLING_TOP
         self.register_buffer("exact", exact)
         self.register_buffer("scale", scale.detach().float().contiguous())
         self.out_features, self.in_features = exact.shape
